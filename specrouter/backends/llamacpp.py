@@ -1,0 +1,210 @@
+"""llama.cpp backend through llama-cpp-python's low-level (ctypes) API.
+
+The high-level `Llama` class keeps one sequence and its own token bookkeeping; we need
+logits for every position of a verified run and per-sequence KV removal, so we drive
+llama_decode with our own batch: each token carries its absolute position and its
+sequence id, and only the positions whose logits are needed are marked as outputs.
+One context holds up to n_seq_max sequences in a unified KV cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from specrouter.backends.base import Backend
+from specrouter.errors import BackendError, ModelFileError
+
+try:
+    import llama_cpp as _ll
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the llama.cpp backend needs llama-cpp-python: pip install 'specrouter[llama]'"
+    ) from exc
+
+_INITIALISED = False
+
+
+@_ll.llama_log_callback
+def _quiet_log(level, text, user_data):  # llama.cpp logs every tensor load to stderr otherwise
+    if os.environ.get("SPECROUTER_LLAMA_LOG"):
+        print(text.decode("utf-8", "replace"), end="")
+
+
+def _init_once() -> None:
+    global _INITIALISED
+    if not _INITIALISED:
+        _ll.llama_log_set(_quiet_log, ctypes.c_void_p())
+        _ll.llama_backend_init()
+        _INITIALISED = True
+
+
+class LlamaCppBackend(Backend):
+    def __init__(
+        self,
+        path: str | Path,
+        name: str | None = None,
+        n_ctx: int = 4096,
+        n_seq_max: int = 4,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+    ) -> None:
+        path = Path(path)
+        self.name = name or path.stem
+        self.path = path
+        _check_gguf(path)
+        _init_once()
+        mparams = _ll.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        self._model = _ll.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise ModelFileError(f"llama.cpp could not load {path} (unsupported architecture or damaged file)")
+        self._vocab = _ll.llama_model_get_vocab(self._model)
+        n_ctx_train = _ll.llama_model_n_ctx_train(self._model)
+        self.n_ctx = min(n_ctx, n_ctx_train) if n_ctx_train > 0 else n_ctx
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.n_threads = n_threads or os.cpu_count() or 1
+
+        cparams = _ll.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx * n_seq_max  # unified cache: any sequence can reach n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        self._ctx = _ll.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            _ll.llama_model_free(self._model)
+            raise BackendError(f"llama.cpp could not create a context for {self.name} (out of memory?)")
+        self._mem = _ll.llama_get_memory(self._ctx)
+        self._batch = _ll.llama_batch_init(n_batch, 0, 1)
+        self._free_slots = list(range(n_seq_max))
+
+        self.n_vocab = _ll.llama_vocab_n_tokens(self._vocab)
+        self.params_b = _ll.llama_model_n_params(self._model) / 1e9
+        self.eos_ids = frozenset(t for t in range(self.n_vocab) if _ll.llama_vocab_is_eog(self._vocab, t))
+        self._pieces: dict[int, bytes] = {}
+        self._closed = False
+
+    # KV and compute ----------------------------------------------------------------
+    def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
+        if not 1 <= n_logits <= min(len(tokens), self.n_batch):
+            raise ValueError(f"n_logits={n_logits} must be in 1..min(len(tokens), n_batch)")
+        # Catch-up tokens whose logits nobody needs go first, in batch-sized pieces.
+        head = len(tokens) - n_logits
+        for start in range(0, head, self.n_batch):
+            chunk = tokens[start : min(start + self.n_batch, head)]
+            self._decode(seq, chunk, pos + start, 0)
+        self._decode(seq, tokens[head:], pos + head, n_logits)
+        out = _ll.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(out, shape=(n_logits, self.n_vocab)).copy()
+
+    def _decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> None:
+        b = self._batch
+        n = len(tokens)
+        b.n_tokens = n
+        for i, token in enumerate(tokens):
+            b.token[i] = token
+            b.pos[i] = pos + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = i >= n - n_logits
+        rc = _ll.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise BackendError(f"{self.name}: llama_decode failed with code {rc} (positions {pos}..{pos + n - 1})")
+
+    def remove(self, seq: int, start: int) -> None:
+        if not _ll.llama_memory_seq_rm(self._mem, seq, start, -1):
+            raise BackendError(f"{self.name}: could not remove positions >= {start} of sequence {seq}")
+
+    def new_sequence(self) -> int:
+        if not self._free_slots:
+            raise BackendError(f"{self.name}: all {self.n_seq_max} sequence slots are in use")
+        return self._free_slots.pop(0)
+
+    def free_sequence(self, seq: int) -> None:
+        _ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        if seq not in self._free_slots:
+            self._free_slots.append(seq)
+
+    # Tokenizer -----------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        size = len(data) + 8
+        for _ in range(2):
+            buf = (_ll.llama_token * size)()
+            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
+            if n >= 0:
+                return list(buf[:n])
+            size = -n
+        raise BackendError(f"{self.name}: tokenization failed")
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(256)
+            n = _ll.llama_token_to_piece(self._vocab, token, buf, 256, 0, False)
+            piece = buf.raw[: max(n, 0)]
+            self._pieces[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's stored text of a token (what tokenizers are compared by)."""
+        return _ll.llama_vocab_get_text(self._vocab, token) or b""
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_vocab
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(_ll.llama_vocab_get_add_bos(self._vocab))
+
+    @property
+    def chat_template(self) -> str | None:
+        raw = _ll.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8") if raw else None
+
+    @property
+    def bos_text(self) -> str:
+        return self._special_text(_ll.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos_text(self) -> str:
+        return self._special_text(_ll.llama_vocab_eos(self._vocab))
+
+    def _special_text(self, token: int) -> str:
+        return self.token_text(token).decode("utf-8", "replace") if token >= 0 else ""
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            _ll.llama_batch_free(self._batch)
+            _ll.llama_free(self._ctx)
+            _ll.llama_model_free(self._model)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _check_gguf(path: Path) -> None:
+    """Fail with a clear message before llama.cpp fails with a vague one."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except FileNotFoundError:
+        raise ModelFileError(f"model file not found: {path}") from None
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror}") from None
+    if magic != b"GGUF":
+        raise ModelFileError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")

@@ -1,0 +1,111 @@
+"""Synthetic models with known next-token distributions, for exact tests.
+
+A family shares a base table of logits (a seeded function of the last `order`
+tokens); each member adds its own seeded noise scaled by `noise`. Noise 0 is the
+family's "truth"; larger noise means lower acceptance against it. Because the
+logits are an explicit function of the context, the exact distribution of any
+chain's output can be enumerated by a test.
+
+Cost is simulated, not only slept: every decode adds `latency(n)` seconds to
+`simulated_seconds`, so router tests can compute throughput without wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from specrouter.backends.base import Backend
+
+
+class SyntheticBackend(Backend):
+    def __init__(
+        self,
+        name: str,
+        vocab: int = 8,
+        family_seed: int = 0,
+        model_seed: int = 1,
+        noise: float = 0.0,
+        scale: float = 2.0,
+        order: int = 2,
+        eos_id: int | None = None,
+        n_ctx: int = 4096,
+        params_b: float = 1.0,
+        latency: Callable[[int], float] | None = None,
+        sleep: bool = False,
+    ) -> None:
+        self.name = name
+        self.n_vocab = vocab
+        self.n_ctx = n_ctx
+        self.eos_ids = frozenset() if eos_id is None else frozenset({eos_id})
+        self.params_b = params_b
+        self.family_seed, self.model_seed = family_seed, model_seed
+        self.noise, self.scale, self.order = noise, scale, order
+        self.latency = latency or (lambda n: 0.0)
+        self.sleep = sleep
+        self.simulated_seconds = 0.0
+        self.decode_calls = 0
+        self.decoded_tokens = 0
+        self._kv: dict[int, list[int]] = {}
+        self._next_seq = 0
+        self._memo: dict[tuple[int, ...], np.ndarray] = {}
+
+    # The model itself ------------------------------------------------------------
+    def logits_for(self, context: Sequence[int]) -> np.ndarray:
+        """Next-token logits after `context` (memoised: tests call this millions of times)."""
+        key = tuple(context[-self.order :]) if self.order else ()
+        row = self._memo.get(key)
+        if row is None:
+            base = np.random.default_rng([self.family_seed, 7919, *key]).normal(size=self.n_vocab)
+            row = self.scale * base
+            if self.noise:
+                own = np.random.default_rng([self.family_seed, self.model_seed, *key]).normal(size=self.n_vocab)
+                row = row + self.noise * own
+            self._memo[key] = row
+        return row
+
+    # Backend interface -----------------------------------------------------------
+    def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
+        kv = self._kv[seq]
+        if pos != len(kv):
+            raise AssertionError(f"{self.name}: decode at {pos} but KV holds {len(kv)} positions")
+        if len(kv) + len(tokens) > self.n_ctx:
+            raise AssertionError(f"{self.name}: context overflow")
+        kv.extend(tokens)
+        self.decode_calls += 1
+        self.decoded_tokens += len(tokens)
+        cost = self.latency(len(tokens))
+        self.simulated_seconds += cost
+        if self.sleep and cost > 0:
+            time.sleep(cost)
+        n = len(kv)
+        return np.stack([self.logits_for(kv[: n - n_logits + i + 1]) for i in range(n_logits)])
+
+    def remove(self, seq: int, start: int) -> None:
+        del self._kv[seq][start:]
+
+    def new_sequence(self) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        self._kv[seq] = []
+        return seq
+
+    def free_sequence(self, seq: int) -> None:
+        self._kv.pop(seq, None)
+
+    def kv_tokens(self, seq: int) -> list[int]:
+        """What the cache holds (tests compare it with the state manager's books)."""
+        return list(self._kv[seq])
+
+    # Tokenizer: one character per token, id = ord(c) % vocab ------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return [ord(c) % self.n_vocab for c in text]
+
+    def token_bytes(self, token: int) -> bytes:
+        return chr(ord("a") + token).encode() if token < 26 else f"<{token}>".encode()
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_vocab

@@ -1,0 +1,192 @@
+"""One cycle of multi-level speculative decoding across a chain of models.
+
+A chain is [level 0, ..., target]. Level 0 drafts (autoregressively, or by n-gram
+lookup). Every level above it produces tokens *distributed exactly as its own p*
+by verifying blocks from the level below (speculative sampling), and passes its own
+p at each position upward as the proposal distribution q of the next level. The
+target verifies one block per cycle; what it emits is committed.
+
+Why intermediate levels truncate to exactly n tokens: the level above may treat a
+run of proposals as drawn from q only if whether position i exists does not depend
+on how token i itself was drawn. A fixed count (or stopping after EOS, which depends
+only on the tokens before) keeps that true; "stop after a correction" would not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specrouter.backends.base import Backend
+from specrouter.backends.ngram import NgramDrafter
+from specrouter.cascade.sampling import SamplingParams, sample, warp
+from specrouter.cascade.verify import residual, verify_greedy, verify_sampled
+from specrouter.errors import InvalidParameterError
+from specrouter.state import SequenceState
+
+Level = Backend | NgramDrafter
+
+
+@dataclass
+class LevelStats:
+    name: str
+    proposed: int = 0  # tokens this level handed to the level above
+    accepted: int = 0  # of those, how many the level above accepted
+    forwards: int = 0  # model calls (0 for the n-gram level)
+    seconds: float = 0.0  # wall time inside this level's calls
+
+    @property
+    def acceptance(self) -> float | None:
+        return self.accepted / self.proposed if self.proposed else None
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "acceptance": self.acceptance,
+            "forwards": self.forwards,
+            "seconds": round(self.seconds, 6),
+        }
+
+
+@dataclass
+class Chain:
+    """Models from cheapest to target, and per non-target level its draft length:
+    draft_lengths[i] tokens are proposed by level i to level i + 1 per block."""
+
+    levels: list[Level]
+    draft_lengths: list[int]
+    eos_ids: frozenset[int] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if not self.levels:
+            raise InvalidParameterError("a chain needs at least one model (the target)")
+        if not isinstance(self.levels[-1], Backend):
+            raise InvalidParameterError("the last level of a chain (the target) must be a model, not ngram")
+        for level in self.levels[1:]:
+            if isinstance(level, NgramDrafter):
+                raise InvalidParameterError("ngram can only be the first (drafting) level of a chain")
+        if len(self.draft_lengths) != len(self.levels) - 1:
+            raise InvalidParameterError(
+                f"a chain of {len(self.levels)} models needs {len(self.levels) - 1} draft lengths, "
+                f"got {len(self.draft_lengths)}"
+            )
+        if any(not isinstance(k, int) or k < 1 for k in self.draft_lengths):
+            raise InvalidParameterError(f"draft lengths must be integers >= 1, got {self.draft_lengths}")
+        if not self.eos_ids:
+            self.eos_ids = self.target.eos_ids
+
+    @property
+    def target(self) -> Backend:
+        return self.levels[-1]  # type: ignore[return-value]
+
+    @property
+    def names(self) -> list[str]:
+        return [level.name for level in self.levels]
+
+    @property
+    def models(self) -> list[Backend]:
+        return [level for level in self.levels if isinstance(level, Backend)]
+
+
+class CycleRunner:
+    """Runs cycles of one chain for one sequence; holds no state beyond statistics."""
+
+    def __init__(
+        self,
+        chain: Chain,
+        state: SequenceState,
+        params: SamplingParams,
+        rng: np.random.Generator,
+        stats: list[LevelStats] | None = None,
+        residual_fn=residual,
+    ) -> None:
+        self.chain, self.state, self.params, self.rng = chain, state, params, rng
+        self.stats = stats if stats is not None else [LevelStats(level.name) for level in chain.levels]
+        self._residual = residual_fn
+
+    def cycle(self, context: Sequence[int], max_new: int) -> list[int]:
+        """New tokens the target emits after `context` (1 .. max_new of them)."""
+        top = len(self.chain.levels) - 1
+        if top == 0:
+            return self._block(0, list(context), 0)[0]
+        draft = min(self.chain.draft_lengths[top - 1], max_new - 1)
+        tokens, _ = self._block(top, list(context), draft)
+        return tokens[:max_new]
+
+    # ------------------------------------------------------------------------------
+    def _dist(self, row: np.ndarray):
+        """What a level keeps per position: its argmax under greedy, else its warped p."""
+        return int(np.argmax(row)) if self.params.greedy else warp(row, self.params)
+
+    def _evaluate(self, i: int, tokens: list[int], n_logits: int) -> np.ndarray:
+        level = self.chain.levels[i]
+        start = time.perf_counter()
+        logits = self.state.evaluate(level, tokens, n_logits)
+        self.stats[i].seconds += time.perf_counter() - start
+        self.stats[i].forwards += 1
+        return logits
+
+    def _draft(self, context: list[int], n: int) -> tuple[list[int], list | None]:
+        """Level 0 proposes n tokens (fewer after EOS or when the n-gram finds nothing)."""
+        level = self.chain.levels[0]
+        if isinstance(level, NgramDrafter):
+            start = time.perf_counter()
+            tokens = level.propose(context, n)
+            self.stats[0].seconds += time.perf_counter() - start
+            return _cut_after_eos(tokens, self.chain.eos_ids), None
+        tokens, dists = [], []
+        for _ in range(n):
+            d = self._dist(self._evaluate(0, context + tokens, 1)[0])
+            token = d if self.params.greedy else sample(d, self.rng)
+            tokens.append(token)
+            dists.append(d)
+            if token in self.chain.eos_ids:
+                break
+        return tokens, dists
+
+    def _propose(self, i: int, context: list[int], n: int) -> tuple[list[int], list | None]:
+        """n tokens following `context`, distributed as level i's own p, with that p per position."""
+        if i == 0:
+            return self._draft(context, n)
+        out: list[int] = []
+        dists: list = []
+        while len(out) < n:
+            # Ask below for at most what is still missing; a surplus bonus token is free and dropped.
+            below = min(self.chain.draft_lengths[i - 1], n - len(out))
+            tokens, d = self._block(i, context + out, below)
+            out += tokens
+            dists += d
+            if any(t in self.chain.eos_ids for t in tokens):
+                cut = len(_cut_after_eos(out, self.chain.eos_ids))
+                return out[: min(cut, n)], dists[: min(cut, n)]
+        return out[:n], dists[:n]
+
+    def _block(self, i: int, context: list[int], n_below: int) -> tuple[list[int], list]:
+        """Level i verifies up to n_below proposals from level i - 1 in one forward and
+        returns the accepted ones plus its own next token, with its dist per token."""
+        if n_below > 0:
+            proposals, q = self._propose(i - 1, context, n_below)
+        else:
+            proposals, q = [], []
+        rows = self._evaluate(i, context + proposals, len(proposals) + 1)
+        p = [self._dist(row) for row in rows]
+        if self.params.greedy:
+            n_acc, nxt = verify_greedy(proposals, p)
+        else:
+            n_acc, nxt = verify_sampled(proposals, q, p, self.rng, self._residual)
+        if i > 0:
+            self.stats[i - 1].proposed += len(proposals)
+            self.stats[i - 1].accepted += n_acc
+        return proposals[:n_acc] + [nxt], p[: n_acc + 1]
+
+
+def _cut_after_eos(tokens: list[int], eos_ids: frozenset[int]) -> list[int]:
+    for j, t in enumerate(tokens):
+        if t in eos_ids:
+            return tokens[: j + 1]
+    return tokens

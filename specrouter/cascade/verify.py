@@ -1,0 +1,86 @@
+"""Verification of proposed tokens: pure functions of (proposals, distributions, rng).
+
+Speculative sampling (Leviathan et al. 2023): a proposal x ~ q is accepted with
+probability min(1, p(x)/q(x)); on rejection the verifier samples from the residual
+norm(max(p - q, 0)); if all proposals are accepted, one bonus token is sampled from
+the verifier's distribution at the next position. The emitted tokens follow p exactly.
+
+A deterministic proposer (n-gram) has q = one-hot(x): acceptance is p(x) and the
+residual is p with x removed, renormalised.
+
+Greedy verification works on argmax ids only: accept while the proposal equals the
+verifier's argmax, then append the verifier's argmax at the first mismatch (or the bonus).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specrouter.cascade.sampling import sample
+
+
+def verify_greedy(proposals: Sequence[int], verifier_argmax: Sequence[int]) -> tuple[int, int]:
+    """Return (number accepted, the verifier's next token). len(verifier_argmax) == len(proposals) + 1."""
+    for i, token in enumerate(proposals):
+        if token != verifier_argmax[i]:
+            return i, int(verifier_argmax[i])
+    return len(proposals), int(verifier_argmax[len(proposals)])
+
+
+def residual(p: np.ndarray, q: np.ndarray | None, proposed: int) -> np.ndarray:
+    """norm(max(p - q, 0)), with q = one-hot(proposed) when q is None.
+
+    p and q may have different lengths (padded vocabularies): the missing tail is
+    probability zero.
+    """
+    if q is None:
+        r = p.copy()
+        if proposed < r.shape[0]:
+            r[proposed] = 0.0
+    else:
+        n = max(p.shape[0], q.shape[0])
+        r = _pad(p, n) - _pad(q, n)
+        np.maximum(r, 0.0, out=r)
+    total = r.sum()
+    if total <= 0:
+        # Only reachable through rounding when p == q, where rejection has probability 0.
+        return p
+    return r / total
+
+
+def verify_sampled(
+    proposals: Sequence[int],
+    proposal_probs: Sequence[np.ndarray] | None,
+    verifier_probs: Sequence[np.ndarray],
+    rng: np.random.Generator,
+    residual_fn=residual,
+) -> tuple[int, int]:
+    """Speculative sampling over a run of proposals.
+
+    proposal_probs[i] is q at position i (None for a deterministic proposer);
+    verifier_probs[i] is p at position i, with one extra row for the bonus token.
+    residual_fn exists so a test can break the residual step on purpose.
+    """
+    for i, token in enumerate(proposals):
+        p = verifier_probs[i]
+        p_x = p[token] if token < p.shape[0] else 0.0
+        if proposal_probs is None:
+            q_row, q_x = None, 1.0
+        else:
+            q_row = proposal_probs[i]
+            q_x = q_row[token] if token < q_row.shape[0] else 0.0
+        # Accept with probability min(1, p/q); written as u * q < p to avoid dividing by q.
+        if q_x > 0 and rng.random() * q_x < p_x:
+            continue
+        return i, sample(residual_fn(p, q_row, token), rng)
+    return len(proposals), sample(verifier_probs[len(proposals)], rng)
+
+
+def _pad(v: np.ndarray, n: int) -> np.ndarray:
+    if v.shape[0] == n:
+        return v.astype(np.float64, copy=True)
+    out = np.zeros(n, dtype=np.float64)
+    out[: v.shape[0]] = v
+    return out

@@ -1,0 +1,80 @@
+"""Synchronized KV state: the only place that knows what each model's cache holds.
+
+For every (model, sequence) we keep the exact token list the model's KV cache covers.
+Before a model computes, its cache is made a prefix of the tokens it is asked about:
+positions past the longest common prefix are removed (exact rollback, nothing of the
+shared prefix is recomputed) and only the missing tokens are evaluated (lazy catch-up
+for a model that sat out some cycles). After each commit, every model is rolled back
+to its common prefix with the committed tokens, so rejected positions leave the cache
+at once and a sequence never holds more KV cells than it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specrouter.backends.base import Backend
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class SequenceState:
+    """One request's KV bookkeeping across all models that ever computed for it."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, int] = {}  # id(backend) -> sequence id in that backend
+        self._cached: dict[int, list[int]] = {}  # id(backend) -> tokens in its KV
+        self._backends: dict[int, Backend] = {}
+        #: Tokens each model evaluated, and how many of those were catch-up of committed text.
+        self.evaluated: dict[str, int] = {}
+
+    def cached_tokens(self, backend: Backend) -> list[int]:
+        return list(self._cached.get(id(backend), ()))
+
+    def committed_length(self, backend: Backend, committed: Sequence[int]) -> int:
+        """How many committed tokens this model's cache already holds."""
+        return common_prefix(self._cached.get(id(backend), ()), committed)
+
+    def evaluate(self, backend: Backend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Logits (n_logits, n_vocab) after each of the last n_logits tokens, with the
+        model's cache made to hold exactly `tokens` first."""
+        key = id(backend)
+        if key not in self._slots:
+            self._slots[key] = backend.new_sequence()
+            self._cached[key] = []
+            self._backends[key] = backend
+        cached = self._cached[key]
+        # Keep at least the last n_logits tokens to evaluate: their logits are not stored.
+        keep = min(common_prefix(cached, tokens), len(tokens) - n_logits)
+        if keep < len(cached):
+            backend.remove(self._slots[key], keep)
+            del cached[keep:]
+        fresh = list(tokens[keep:])
+        logits = backend.decode(self._slots[key], fresh, keep, n_logits)
+        cached.extend(fresh)
+        self.evaluated[backend.name] = self.evaluated.get(backend.name, 0) + len(fresh)
+        return logits
+
+    def rollback_to(self, committed: Sequence[int]) -> None:
+        """Drop every cached position that is not part of the committed tokens."""
+        for key, cached in self._cached.items():
+            keep = common_prefix(cached, committed)
+            if keep < len(cached):
+                self._backends[key].remove(self._slots[key], keep)
+                del cached[keep:]
+
+    def release(self) -> None:
+        """Free every model's slot (finished or cancelled request)."""
+        for key, seq in self._slots.items():
+            self._backends[key].free_sequence(seq)
+        self._slots.clear()
+        self._cached.clear()
+        self._backends.clear()

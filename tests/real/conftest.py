@@ -1,0 +1,34 @@
+"""Real-model fixtures: the default Qwen pair through llama.cpp, loaded once per session.
+
+`make test` pulls the models first. Outside CI a missing model skips these tests with
+the command that fixes it; in CI (CI set) it is an error, so they can never be skipped
+silently there.
+"""
+
+import os
+
+import pytest
+
+from specrouter.models import is_pulled
+from specrouter.pool import Pool
+
+SMALL, TARGET, SMOL = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "tests/real/" in str(item.fspath):
+            item.add_marker(pytest.mark.real)
+
+
+@pytest.fixture(scope="session")
+def pool():
+    missing = [n for n in (SMALL, TARGET, SMOL) if not is_pulled(n)]
+    if missing:
+        message = f"models not pulled: {missing}; run `specrouter pull`"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    p = Pool(n_ctx=2048, n_seq_max=4)
+    yield p
+    p.close()

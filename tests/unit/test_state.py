@@ -1,0 +1,81 @@
+"""The state manager keeps every model's KV equal to what its books say, rolls back
+exactly the rejected positions and catches up lazily."""
+
+import numpy as np
+
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.chain import Chain, CycleRunner
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.state import SequenceState, common_prefix
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+
+
+def test_evaluate_feeds_only_unseen_tokens_and_rolls_back_divergent_ones():
+    model = SyntheticBackend("m", vocab=8)
+    state = SequenceState()
+    state.evaluate(model, [1, 2, 3, 4], 1)
+    assert model.decoded_tokens == 4
+    state.evaluate(model, [1, 2, 3, 4, 5, 6], 2)  # catch-up of 2 tokens only
+    assert model.decoded_tokens == 6
+    state.evaluate(model, [1, 2, 3, 4, 5, 6], 3)  # logits of 4 are not stored: 4.. is re-fed
+    assert model.decoded_tokens == 9
+    state.evaluate(model, [1, 2, 3, 7], 1)  # positions 3.. were rejected: only 7 is fed
+    assert model.decoded_tokens == 10
+    assert model.kv_tokens(0) == [1, 2, 3, 7] == state.cached_tokens(model)
+
+
+def test_evaluate_re_feeds_last_token_when_cache_already_holds_everything():
+    model = SyntheticBackend("m", vocab=8)
+    state = SequenceState()
+    state.evaluate(model, [1, 2, 3], 1)
+    logits = state.evaluate(model, [1, 2, 3], 1)
+    np.testing.assert_array_equal(logits[0], model.logits_for([1, 2, 3]))
+    assert model.kv_tokens(0) == [1, 2, 3]
+
+
+def test_rollback_to_committed_drops_every_rejected_position():
+    a, b = SyntheticBackend("a", vocab=8), SyntheticBackend("b", vocab=8)
+    state = SequenceState()
+    state.evaluate(a, [1, 2, 3, 4, 5], 1)
+    state.evaluate(b, [1, 2, 6], 1)
+    state.rollback_to([1, 2, 3, 9])
+    assert a.kv_tokens(0) == [1, 2, 3]
+    assert b.kv_tokens(0) == [1, 2]
+    assert state.committed_length(a, [1, 2, 3, 9]) == 3
+
+
+def test_random_cycles_keep_every_cache_a_prefix_of_the_committed_tokens():
+    """After any sequence of accept/reject cycles, each model's KV holds committed tokens only,
+    and its next-token logits equal a fresh model's fed the committed tokens."""
+    models = [SyntheticBackend(f"m{i}", vocab=5, model_seed=i, noise=0.5 * i) for i in range(3, 0, -1)]
+    target = SyntheticBackend("t", vocab=5)
+    chain = Chain([*models, target], [3, 2, 2])
+    state = SequenceState()
+    runner = CycleRunner(chain, state, SamplingParams(temperature=1.0), np.random.default_rng(7))
+    context = [0, 1, 2]
+    for _ in range(40):
+        context += runner.cycle(context, 16)
+        state.rollback_to(context)
+        for model in chain.models:
+            cached = model.kv_tokens(0)
+            assert cached == context[: len(cached)]
+    for model in chain.models:
+        fresh = SyntheticBackend(model.name, vocab=5, model_seed=model.model_seed, noise=model.noise)
+        np.testing.assert_array_equal(
+            state.evaluate(model, context, 1)[0], fresh.decode(fresh.new_sequence(), context, 0, 1)[0]
+        )
+    total = sum(s.proposed for s in runner.stats[:-1])
+    assert total > 0 and any(s.accepted < s.proposed for s in runner.stats[:-1])  # rejections did happen
+
+
+def test_release_frees_every_slot():
+    model = SyntheticBackend("m", vocab=8)
+    state = SequenceState()
+    state.evaluate(model, [1, 2], 1)
+    state.release()
+    assert model._kv == {}

@@ -1,0 +1,103 @@
+"""Verification rules, checked exactly (enumerating the randomness where it matters)."""
+
+import numpy as np
+import pytest
+
+from specrouter.cascade.sampling import SamplingParams, sample, warp
+from specrouter.cascade.verify import residual, verify_greedy, verify_sampled
+from specrouter.errors import InvalidParameterError
+
+
+def test_greedy_accepts_longest_matching_prefix_then_appends_argmax():
+    assert verify_greedy([5, 6, 7], [5, 6, 9, 1]) == (2, 9)
+    assert verify_greedy([5, 6, 7], [4, 6, 7, 1]) == (0, 4)
+    assert verify_greedy([5, 6, 7], [5, 6, 7, 1]) == (3, 1)  # bonus token
+    assert verify_greedy([], [3]) == (0, 3)
+
+
+def test_residual_is_normalised_positive_part_of_p_minus_q():
+    p = np.array([0.5, 0.3, 0.2])
+    q = np.array([0.2, 0.6, 0.2])
+    np.testing.assert_allclose(residual(p, q, 1), [1.0, 0.0, 0.0])
+    # Deterministic proposer: q is one-hot at the proposed token.
+    np.testing.assert_allclose(residual(p, None, 0), [0.0, 0.6, 0.4])
+
+
+def test_residual_pads_shorter_vocabulary_with_zero_probability():
+    p = np.array([0.5, 0.3, 0.2, 0.0])  # padded verifier vocabulary
+    q = np.array([0.1, 0.1, 0.8])
+    np.testing.assert_allclose(residual(p, q, 2), [0.4 / 0.6, 0.2 / 0.6, 0.0, 0.0])
+
+
+def _exact_one_step(p, q, draws=200_000, seed=0):
+    """Empirical distribution of the token emitted for one proposal x ~ q verified by p."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(len(p))
+    for _ in range(draws):
+        x = sample(q, rng)
+        n_acc, nxt = verify_sampled([x], [q], [p, p], rng)
+        counts[x if n_acc == 1 else nxt] += 1
+    return counts / draws
+
+
+def test_one_step_of_speculative_sampling_emits_p():
+    p = np.array([0.1, 0.6, 0.3])
+    q = np.array([0.5, 0.2, 0.3])
+    # 200k draws: standard error < 0.0012 per cell, so 0.006 is > 5 sigma.
+    np.testing.assert_allclose(_exact_one_step(p, q, draws=100_000), p, atol=0.006)
+
+
+def test_acceptance_rate_equals_one_minus_total_variation():
+    p = np.array([0.1, 0.6, 0.3])
+    q = np.array([0.5, 0.2, 0.3])
+    expected = np.minimum(p, q).sum()  # 0.6
+    rng = np.random.default_rng(1)
+    accepted = sum(verify_sampled([x := sample(q, rng)], [q], [p, p], rng)[0] for _ in range(50_000))
+    assert abs(accepted / 50_000 - expected) < 0.01
+
+
+def test_deterministic_proposal_accepted_with_probability_p_of_x():
+    p = np.array([0.25, 0.75])
+    rng = np.random.default_rng(2)
+    outcomes = [verify_sampled([0], None, [p, p], rng) for _ in range(40_000)]
+    accepted = sum(n for n, _ in outcomes)
+    assert abs(accepted / 40_000 - 0.25) < 0.01
+    assert all(nxt == 1 for n, nxt in outcomes if n == 0)  # rejection never re-emits 0
+
+
+def test_warp_top_k_and_top_p_keep_the_right_tokens():
+    logits = np.log(np.array([0.05, 0.4, 0.3, 0.15, 0.1]))
+    np.testing.assert_allclose(warp(logits, SamplingParams(temperature=1.0, top_k=2)), [0, 4 / 7, 3 / 7, 0, 0])
+    # top_p = 0.8 keeps 0.4 + 0.3 + 0.15 (the smallest set reaching 0.8).
+    np.testing.assert_allclose(
+        warp(logits, SamplingParams(temperature=1.0, top_p=0.8)), [0, 0.4 / 0.85, 0.3 / 0.85, 0.15 / 0.85, 0]
+    )
+    assert warp(logits, SamplingParams()).tolist() == [0, 1, 0, 0, 0]
+
+
+def test_top_p_on_a_large_vocabulary_matches_the_full_sort():
+    rng = np.random.default_rng(3)
+    for scale in (0.1, 3.0):  # flat (nucleus beyond the fast path's candidates) and peaked
+        logits = rng.normal(size=20_000) * scale
+        fast = warp(logits, SamplingParams(temperature=1.0, top_p=0.9))
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs)
+        keep = order[: np.searchsorted(np.cumsum(probs[order]), 0.9) + 1]
+        ref = np.zeros_like(probs)
+        ref[keep] = probs[keep]
+        np.testing.assert_allclose(fast, ref / ref.sum(), rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": -0.1}, "temperature must be >= 0"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1]"),
+        ({"top_k": -1}, "top_k must be an integer >= 0"),
+    ],
+)
+def test_invalid_sampling_parameters_are_refused(kwargs, message):
+    with pytest.raises(InvalidParameterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        SamplingParams(**kwargs)
