@@ -1,4 +1,4 @@
-"""`specrouter` command line: generate, pull, models.
+"""`specrouter` command line: generate, pull, models, profile.
 
 Flag and JSON field names are a stable interface (scripts rely on them): see README.
 Every SpecRouterError becomes one line on stderr and exit code 2, never a traceback.
@@ -14,12 +14,15 @@ import click
 
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
+from specrouter.cli_torch import convert
 from specrouter.engine import GenerationResult, generate_stream
 from specrouter.errors import EmptyPromptError, InvalidParameterError, SpecRouterError
 from specrouter.models import DEFAULT_POOL, check_pulled_integrity, is_pulled, model_path, pull
 from specrouter.pool import Pool, parse_chain, parse_draft_lengths
 
-DEFAULT_CHAIN = "ngram,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b"
+#: "auto": the router picks chain and draft lengths before every cycle (issue: the default).
+DEFAULT_CHAIN = "auto"
+AUTO = "auto"
 
 
 class _Group(click.Group):
@@ -40,6 +43,9 @@ def main() -> None:
     """Lossless speculative decoding over chains of models."""
 
 
+main.add_command(convert)
+
+
 _cache_option = click.option(
     "--cache-dir",
     type=click.Path(path_type=Path),
@@ -52,7 +58,10 @@ _cache_option = click.option(
 @click.option("--prompt", help="Raw text to continue.")
 @click.option("--chat", "chat", help="One user message, formatted with the target's chat template.")
 @click.option("--chain", default=DEFAULT_CHAIN, show_default=True,
-              help="Comma-separated levels, cheapest first, target last: pool names, .gguf paths or 'ngram'.")
+              help="'auto' (routed per cycle), or comma-separated levels, cheapest first, target last: "
+                   "pool names, .gguf paths or 'ngram'.")
+@click.option("--target", help="With --chain auto: the target model (default: the largest pulled pool model).")
+@click.option("--explain", is_flag=True, help="With --chain auto: print the router's decisions to stderr.")
 @click.option("--draft-lengths", help="Comma-separated tokens each non-target level proposes per block (default 4 each).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
@@ -64,7 +73,7 @@ _cache_option = click.option(
 @click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @_cache_option
-def generate(prompt, chat, chain, draft_lengths, temperature, top_k, top_p, seed, max_tokens, stop,
+def generate(prompt, chat, chain, target, explain, draft_lengths, temperature, top_k, top_p, seed, max_tokens, stop,
              n_ctx, threads, as_json, cache_dir) -> None:
     """Generate text with a chain of models."""
     if (prompt is None) == (chat is None):
@@ -75,15 +84,25 @@ def generate(prompt, chat, chain, draft_lengths, temperature, top_k, top_p, seed
     if not (prompt or chat):
         raise EmptyPromptError("the prompt is empty: give at least one token of text")
     specs = parse_chain(chain)
+    auto = specs == [AUTO]
     lengths = parse_draft_lengths(draft_lengths, len(specs))
+    if auto and draft_lengths:
+        raise InvalidParameterError("--draft-lengths needs an explicit --chain (auto chooses them)")
+    if not auto and (target or explain):
+        raise InvalidParameterError("--target and --explain work with --chain auto; an explicit chain ends at its target")
     pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1)
+    router = None
     try:
-        built = pool.chain(specs, lengths)
-        target = built.target
-        if chat is not None:
-            tokens = chat_prompt_tokens(target, [{"role": "user", "content": chat}])
+        if auto:
+            router = _auto_router(pool, target, cache_dir)
+            built, model = router, router.target
         else:
-            tokens = target.tokenize(prompt)
+            built = pool.chain(specs, lengths)
+            model = built.target
+        if chat is not None:
+            tokens = chat_prompt_tokens(model, [{"role": "user", "content": chat}])
+        else:
+            tokens = model.tokenize(prompt)
         result = None
         for item in generate_stream(built, tokens, params, max_tokens, stop=stop):
             if isinstance(item, GenerationResult):
@@ -92,20 +111,64 @@ def generate(prompt, chat, chain, draft_lengths, temperature, top_k, top_p, seed
                 click.echo(item, nl=False)
                 sys.stdout.flush()
         assert result is not None
+        if router is not None:
+            router.save_estimates()
+        if not as_json:
+            click.echo()  # ends the streamed text
+        if explain:
+            click.echo(_explain(result), err=True)
         if as_json:
             click.echo(json.dumps(result.as_dict(), ensure_ascii=False))
         else:
-            click.echo()
             click.echo(_summary(result), err=True)
     finally:
         pool.close()
+
+
+def _pulled_pool(cache_dir) -> list[str]:
+    return sorted((n for n in DEFAULT_POOL if is_pulled(n, cache_dir)), key=lambda n: DEFAULT_POOL[n].params_b)
+
+
+def _auto_router(pool: Pool, target_spec: str | None, cache_dir):
+    from specrouter.router import auto_router
+
+    router = auto_router(pool, target_spec, _pulled_pool(cache_dir))
+    if router.message:
+        click.echo(f"note: {router.message}", err=True)
+    return router
+
+
+def _explain(r: GenerationResult) -> str:
+    lines = [f"-- router: {len(r.decisions)} decisions over {r.cycles} cycles"]
+    for d in r.decisions:
+        lines.append(f"   cycle {d['cycle']} (position {d['position']}): {d['reason']} {d['chosen']}")
+        lines.append(f"     {'candidate':<58} {'pred ms/tok':>11} {'tok/cycle':>9} {'catch-up ms':>11} {'score':>8}")
+        for c in d["candidates"]:
+            spec = " -> ".join(c["chain"]) + (f" [{','.join(map(str, c['draft_lengths']))}]" if c["draft_lengths"] else "")
+            lines.append(f"     {spec:<58} {c['predicted_ms_per_token']:>11.2f} {c['tokens_per_cycle']:>9.2f} "
+                         f"{c['catch_up_ms']:>11.1f} {c['score_ms_per_token']:>8.2f}")
+        inputs = d["inputs"]
+        pairs = ", ".join(f"{k} {v['rate']:.2f} (n={v['count']:.0f})" for k, v in inputs["acceptance"].items())
+        lines.append(f"     acceptance ({inputs['mode']}): {pairs}")
+        for name, costs in inputs["cost_ms"].items():
+            lines.append(f"     cost ms {name}: " + ", ".join(f"t({n})={ms:.1f}" for n, ms in costs.items()))
+        lines.append(f"     overhead {inputs['overhead_ms_per_forward']:.2f} ms/forward, "
+                     f"probes so far {inputs['probe_budget_used_ms']:.0f} ms")
+    counts: dict[int, int] = {}
+    for i in r.chains_per_cycle:
+        counts[i] = counts.get(i, 0) + 1
+    for i, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        names, lengths = r.chains_used[i]
+        lines.append(f"   {n:>4} cycles: {' -> '.join(names)} {lengths or ''}")
+    return "\n".join(lines)
 
 
 def _summary(r: GenerationResult) -> str:
     lines = [
         f"-- {len(r.token_ids)} tokens in {r.wall_seconds:.2f} s = {r.tokens_per_second:.2f} tok/s, "
         f"{r.cycles} cycles ({len(r.token_ids) / max(r.cycles, 1):.2f} tokens/cycle), finish: {r.finish_reason}",
-        f"-- chain: {' -> '.join(r.chain)}  draft lengths: {r.draft_lengths}",
+        f"-- chain: {' -> '.join(r.chain)}  draft lengths: {r.draft_lengths}"
+        + (f"  (most used of {len(r.chains_used)} chains)" if len(r.chains_used) > 1 else ""),
     ]
     for s in r.levels[:-1]:
         rate = f"{s.acceptance:.1%}" if s.acceptance is not None else "-"
@@ -137,3 +200,35 @@ def models_cmd(cache_dir) -> None:
         state = "pulled" if is_pulled(name, cache_dir) else "not pulled"
         click.echo(f"{name:<22} {spec.params_b:>6.3f}B  {state:<11} {model_path(name, cache_dir)}")
         click.echo(f"{'':<22} {spec.description}")
+
+
+@main.command("profile")
+@click.option("--models", "model_specs", help="Comma-separated pool names or .gguf paths (default: every pulled pool model).")
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Also write the table to this JSON file.")
+@click.option("--force", is_flag=True, help="Measure again even where a valid cached profile exists.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Timings per size (the median is kept).")
+@click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
+@_cache_option
+def profile_cmd(model_specs, json_file, force, repeats, threads, cache_dir) -> None:
+    """Measure (or show the cached) seconds of a forward over n tokens, per model."""
+    from specrouter.router.profiler import PROFILE_NS, load_or_profile, profile_ngram
+
+    if repeats < 1:
+        raise InvalidParameterError(f"--repeats must be >= 1, got {repeats}")
+    specs = parse_chain(model_specs) if model_specs else _pulled_pool(cache_dir)
+    if not specs:
+        raise InvalidParameterError("no model to profile: run `specrouter pull`, or give --models")
+    pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=1)
+    try:
+        models = [pool.level(s) for s in specs if s != "ngram"]
+        profile = load_or_profile(models, repeats=repeats, force=force)
+        profile.ngram_seconds = profile_ngram()
+    finally:
+        pool.close()
+    width = max(len(m) for m in [*profile.tables, "ngram"])
+    click.echo(f"{'ms per forward over n tokens':<{width}}  " + " ".join(f"{n:>7}" for n in PROFILE_NS))
+    for name, table in profile.tables.items():
+        click.echo(f"{name:<{width}}  " + " ".join(f"{profile.seconds(name, n) * 1e3:>7.1f}" for n in PROFILE_NS))
+    click.echo(f"{'ngram':<{width}}  {profile.ngram_seconds * 1e3:>7.3f} (one lookup)")
+    if json_file:
+        Path(json_file).write_text(json.dumps(profile.as_dict(), indent=1))

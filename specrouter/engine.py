@@ -1,5 +1,10 @@
 """Generation of one request over a chain: cycles, stop conditions, streaming text.
 
+The chain is either fixed (a Chain) or chosen before every cycle by a router (see
+ChainRouter): switching between cycles needs no bookkeeping, because the state manager
+lets a model that sat out catch up lazily, and it keeps the output exact, because every
+cycle emits tokens distributed as the target's whatever chain produced them.
+
 Stop rules: EOS ends generation and is not emitted; a stop string cuts the text
 before it and token_ids keep only the tokens that make up the kept text (a token that
 straddles the cut stays); max_tokens caps the emitted tokens. Text is streamed with a hold-back: a tail that could still become a
@@ -10,12 +15,14 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from specrouter.cascade.chain import Chain, CycleRunner, LevelStats
+from specrouter.backends.base import Backend
+from specrouter.cascade.chain import Chain, CycleObserver, CycleRunner, LevelStats
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.cascade.verify import residual
 from specrouter.errors import EmptyPromptError, InvalidParameterError, PromptTooLongError
@@ -34,6 +41,11 @@ class GenerationResult:
     prompt_tokens: int
     wall_seconds: float
     evaluated_tokens: dict[str, int] = field(default_factory=dict)
+    #: Distinct (chain names, draft lengths) used, and per cycle the index of the one it ran.
+    chains_used: list[tuple[list[str], list[int]]] = field(default_factory=list)
+    chains_per_cycle: list[int] = field(default_factory=list)
+    #: The router's recorded decisions (empty for a fixed chain), for --explain.
+    decisions: list[dict] = field(default_factory=list)
 
     @property
     def tokens_per_second(self) -> float:
@@ -54,10 +66,34 @@ class GenerationResult:
             "wall_seconds": round(self.wall_seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "evaluated_tokens": self.evaluated_tokens,
+            "chains_used": [{"chain": c, "draft_lengths": k} for c, k in self.chains_used],
+            "chains_per_cycle": self.chains_per_cycle,
+            **({"router_decisions": self.decisions} if self.decisions else {}),
         }
 
 
-def check_prompt(chain: Chain, prompt_tokens: Sequence[int]) -> None:
+class ChainRouter(CycleObserver, Protocol):
+    """Chooses the chain of every cycle and learns from the cycle's observations."""
+
+    target: Backend
+    models: Sequence[Backend]  # every model it may put in a chain
+
+    def start(self, params: SamplingParams, prompt_tokens: int, max_tokens: int) -> None: ...
+
+    def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int]) -> Chain:
+        """position: committed tokens so far; room: most tokens this cycle may emit;
+        cached: per model name, committed tokens its cache already holds; context: the
+        committed tokens (read-only, for a drafter's shadow lookup)."""
+
+    def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
+        """new_tokens: what the target emitted this cycle; seconds: the cycle's time."""
+
+    def finish(self) -> None: ...
+
+    decisions: list
+
+
+def check_prompt(chain: Chain | ChainRouter, prompt_tokens: Sequence[int]) -> None:
     if not prompt_tokens:
         raise EmptyPromptError("the prompt is empty: give at least one token of text")
     n_ctx = min(m.n_ctx for m in chain.models)
@@ -69,7 +105,7 @@ def check_prompt(chain: Chain, prompt_tokens: Sequence[int]) -> None:
 
 
 def generate_stream(
-    chain: Chain,
+    chain: Chain | ChainRouter,
     prompt_tokens: Sequence[int],
     params: SamplingParams,
     max_tokens: int,
@@ -77,8 +113,12 @@ def generate_stream(
     rng: np.random.Generator | None = None,
     detokenize: Callable[[int], bytes] | None = None,
     residual_fn=residual,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[str | GenerationResult]:
-    """Yield text deltas as tokens are committed, then the GenerationResult last."""
+    """Yield text deltas as tokens are committed, then the GenerationResult last.
+
+    `chain`: a fixed Chain, or a ChainRouter asked for the chain before every cycle.
+    `clock`: what seconds are measured with (tests pass a simulated clock)."""
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens}")
     if any(not s for s in stop):
@@ -87,9 +127,19 @@ def generate_stream(
     rng = rng if rng is not None else np.random.default_rng(params.seed)
     token_bytes = detokenize or chain.target.token_bytes
     n_ctx = min(m.n_ctx for m in chain.models)
+    router = None if isinstance(chain, Chain) else chain
+    eos_ids = chain.eos_ids if router is None else chain.target.eos_ids
 
     state = SequenceState()
-    runner = CycleRunner(chain, state, params, rng, residual_fn=residual_fn)
+    # Statistics per model name, shared by every chain that model runs in.
+    stats: dict[str, LevelStats] = {}
+    used: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
+    per_cycle: list[int] = []
+    if router is None:
+        runner = CycleRunner(chain, state, params, rng, residual_fn=residual_fn, clock=clock)
+        stats = {s.name: s for s in runner.stats}
+    else:
+        router.start(params, len(prompt_tokens), max_tokens)
     context = list(prompt_tokens)
     generated: list[int] = []
     text = _TextTracker(token_bytes, stop)
@@ -101,10 +151,20 @@ def generate_stream(
             room = min(max_tokens - len(generated), n_ctx - len(context))
             if room <= 0:
                 break
+            if router is not None:
+                current = router.choose(len(context), room, state.committed_lengths(context), context)
+                levels = [stats.setdefault(lv.name, LevelStats(lv.name)) for lv in current.levels]
+                runner = CycleRunner(current, state, params, rng, stats=levels, residual_fn=residual_fn,
+                                     observer=router, clock=clock)
+            key = (tuple(runner.chain.names), tuple(runner.chain.draft_lengths))
+            per_cycle.append(used.setdefault(key, len(used)))
+            cycle_start = clock()
             new = runner.cycle(context, room)
+            if router is not None:
+                router.end_cycle(new, clock() - cycle_start)
             cycles += 1
             for token in new:
-                if token in chain.eos_ids:
+                if token in eos_ids:
                     finish = "stop"
                     break
                 generated.append(token)
@@ -123,25 +183,46 @@ def generate_stream(
         wall = time.perf_counter() - start
         evaluated = dict(state.evaluated)
         state.release()
+        if router is not None:
+            router.finish()
     generated = generated[: text.n_tokens]
     delta = text.flush(final=True)
     if delta:
         yield delta
+    chains_used = [(list(n), list(k)) for n, k in used]
+    if router is None:
+        names, lengths, levels = chain.names, list(chain.draft_lengths), runner.stats
+    else:
+        # The chain run most often stands for the request; levels list every model that ran.
+        top = max(range(len(used)), key=per_cycle.count) if used else None
+        names, lengths = chains_used[top] if top is not None else ([chain.target.name], [])
+        levels = sorted(stats.values(), key=lambda s: _level_order(router, s.name))
     yield GenerationResult(
         text=text.text,
         token_ids=generated,
         finish_reason=finish,
-        chain=chain.names,
-        draft_lengths=list(chain.draft_lengths),
-        levels=runner.stats,
+        chain=names,
+        draft_lengths=lengths,
+        levels=levels,
         cycles=cycles,
         prompt_tokens=len(prompt_tokens),
         wall_seconds=wall,
         evaluated_tokens=evaluated,
+        chains_used=chains_used,
+        chains_per_cycle=per_cycle,
+        decisions=[d.as_dict() if hasattr(d, "as_dict") else d for d in getattr(router, "decisions", [])],
     )
 
 
-def generate(chain: Chain, prompt_tokens: Sequence[int], params: SamplingParams, max_tokens: int, **kw) -> GenerationResult:
+def _level_order(router: ChainRouter, name: str) -> tuple:
+    """Cheapest first, target last, as in a chain: n-gram, then models by size."""
+    if name == router.target.name:
+        return (2, 0.0)
+    model = next((m for m in router.models if m.name == name), None)
+    return (1, model.params_b) if model is not None else (0, 0.0)
+
+
+def generate(chain: Chain | ChainRouter, prompt_tokens: Sequence[int], params: SamplingParams, max_tokens: int, **kw) -> GenerationResult:
     """Run to completion and return only the result."""
     result = None
     for item in generate_stream(chain, prompt_tokens, params, max_tokens, **kw):

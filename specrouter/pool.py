@@ -1,4 +1,9 @@
-"""Turning chain specs ("ngram", pool names, .gguf paths) into loaded, checked levels.
+"""Turning chain specs into loaded, checked levels.
+
+A spec is `ngram`, a pool name (llama.cpp, GGUF), a pool name with a torch variant
+(`qwen2.5-coder-1.5b:torch-fp32`, see specrouter.convert), a path to a .gguf file
+(llama.cpp) or a path to a transformers model folder (torch). Backends of every kind
+mix freely in one chain; only their tokenizers must agree.
 
 Loaded models are kept by the Pool so that a model used by several chains (or by
 several requests) is loaded once and keeps one KV cache with one slot per sequence.
@@ -14,6 +19,7 @@ from specrouter.backends.base import Backend
 from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
 from specrouter.cascade.chain import Chain, Level
 from specrouter.errors import BackendError, InvalidParameterError
+from specrouter.convert import resolve_torch_model, split_torch_name
 from specrouter.models import DEFAULT_POOL, resolve_model
 from specrouter.vocab import check_shared_tokenizer
 
@@ -45,12 +51,24 @@ class Pool:
     n_ctx: int = 4096
     n_threads: int | None = None
     n_seq_max: int = 4
+    #: Pull (and, for torch variants, convert) missing pool models on first use.
     pull_missing: bool = False
+    #: Where torch models run (cpu, cuda, cuda:N); llama.cpp models always run on the CPU.
+    device: str = "cpu"
+    #: dtype of torch models given as a folder path (pool names carry their own).
+    torch_dtype: str = "float32"
     _loaded: dict[str, Backend] = field(default_factory=dict)
 
     def level(self, spec: str) -> Level:
         if spec == NGRAM_NAME:
             return NgramDrafter()
+        torch_name = split_torch_name(spec)
+        if torch_name is not None:
+            folder, dtype = resolve_torch_model(spec, self.cache_dir, convert_missing=self.pull_missing)
+            return self._torch(folder, spec, dtype)
+        if Path(spec).expanduser().is_dir():
+            folder = Path(spec).expanduser()
+            return self._torch(folder, folder.name, self.torch_dtype)
         path = resolve_model(spec, self.cache_dir, pull_missing=self.pull_missing)
         key = str(path.resolve())
         if key not in self._loaded:
@@ -62,6 +80,20 @@ class Pool:
             name = spec if spec in DEFAULT_POOL else Path(spec).stem
             self._loaded[key] = LlamaCppBackend(
                 path, name=name, n_ctx=self.n_ctx, n_seq_max=self.n_seq_max, n_threads=self.n_threads
+            )
+        return self._loaded[key]
+
+    def _torch(self, folder: Path, name: str, dtype: str) -> Backend:
+        key = f"{folder.resolve()}|torch|{dtype}|{self.device}"
+        if key not in self._loaded:
+            try:
+                from specrouter.backends.torch import TorchBackend  # needs the torch extra
+            except ImportError as exc:
+                raise BackendError(str(exc)) from None
+
+            self._loaded[key] = TorchBackend(
+                folder, name=name, device=self.device, dtype=dtype, n_ctx=self.n_ctx,
+                n_seq_max=self.n_seq_max, n_threads=self.n_threads,
             )
         return self._loaded[key]
 

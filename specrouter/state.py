@@ -43,6 +43,10 @@ class SequenceState:
         """How many committed tokens this model's cache already holds."""
         return common_prefix(self._cached.get(id(backend), ()), committed)
 
+    def committed_lengths(self, committed: Sequence[int]) -> dict[str, int]:
+        """Per model name, how many committed tokens its cache holds (what a switch must catch up)."""
+        return {b.name: common_prefix(self._cached[key], committed) for key, b in self._backends.items()}
+
     def evaluate(self, backend: Backend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """Logits (n_logits, n_vocab) after each of the last n_logits tokens, with the
         model's cache made to hold exactly `tokens` first."""

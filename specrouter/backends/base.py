@@ -31,6 +31,11 @@ class Backend(ABC):
         """Append tokens at positions pos.. of sequence seq; return logits (n_logits, n_vocab)
         for the last n_logits of them (row i predicts the token after tokens[-n_logits + i])."""
 
+    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """Several sequences in one call: items of (seq, tokens, pos, n_logits), one logits
+        array per item. Backends that can evaluate sequences together override this."""
+        return [self.decode(seq, tokens, pos, n) for seq, tokens, pos, n in items]
+
     @abstractmethod
     def remove(self, seq: int, start: int) -> None:
         """Drop positions [start, end) of sequence seq from the KV cache."""

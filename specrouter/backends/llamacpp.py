@@ -106,19 +106,56 @@ class LlamaCppBackend(Backend):
         out = _ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(out, shape=(n_logits, self.n_vocab)).copy()
 
+    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """One llama_decode for the logit-bearing runs of all sequences (catch-up heads first,
+        per sequence); groups are split only where they would overflow n_batch."""
+        tails = []
+        for seq, tokens, pos, n_logits in items:
+            if not 1 <= n_logits <= min(len(tokens), self.n_batch):
+                raise ValueError(f"n_logits={n_logits} must be in 1..min(len(tokens), n_batch)")
+            head = len(tokens) - n_logits
+            for start in range(0, head, self.n_batch):
+                self._decode(seq, tokens[start : min(start + self.n_batch, head)], pos + start, 0)
+            tails.append((seq, tokens[head:], pos + head))
+        out: list[np.ndarray] = []
+        group: list[tuple[int, Sequence[int], int]] = []
+        for tail in tails + [None]:
+            if tail is None or sum(len(t) for _, t, _ in group) + len(tail[1]) > self.n_batch:
+                if group:
+                    self._decode_runs(group)
+                    rows = _ll.llama_get_logits(self._ctx)
+                    flat = np.ctypeslib.as_array(rows, shape=(sum(len(t) for _, t, _ in group), self.n_vocab))
+                    offset = 0
+                    for _, t, _ in group:
+                        out.append(flat[offset : offset + len(t)].copy())
+                        offset += len(t)
+                group = []
+            if tail is not None:
+                group.append(tail)
+        return out
+
     def _decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> None:
+        self._decode_runs([(seq, tokens, pos)], n_logits)
+
+    def _decode_runs(self, runs: Sequence[tuple[int, Sequence[int], int]], n_logits: int | None = None) -> None:
+        """Fill the batch with runs (seq, tokens, first position) and decode. Logits are
+        requested for the last n_logits tokens of a single run, or for every token of many."""
         b = self._batch
-        n = len(tokens)
-        b.n_tokens = n
-        for i, token in enumerate(tokens):
-            b.token[i] = token
-            b.pos[i] = pos + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
-            b.logits[i] = i >= n - n_logits
+        i = 0
+        for seq, tokens, pos in runs:
+            first_out = len(tokens) - (n_logits if n_logits is not None else len(tokens))
+            for j, token in enumerate(tokens):
+                b.token[i] = token
+                b.pos[i] = pos + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = j >= first_out
+                i += 1
+        b.n_tokens = i
         rc = _ll.llama_decode(self._ctx, b)
         if rc != 0:
-            raise BackendError(f"{self.name}: llama_decode failed with code {rc} (positions {pos}..{pos + n - 1})")
+            where = ", ".join(f"seq {s} positions {p}..{p + len(t) - 1}" for s, t, p in runs)
+            raise BackendError(f"{self.name}: llama_decode failed with code {rc} ({where})")
 
     def remove(self, seq: int, start: int) -> None:
         if not _ll.llama_memory_seq_rm(self._mem, seq, start, -1):

@@ -15,8 +15,9 @@ only on the tokens before) keeps that true; "stop after a correction" would not.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -28,6 +29,18 @@ from specrouter.errors import InvalidParameterError
 from specrouter.state import SequenceState
 
 Level = Backend | NgramDrafter
+
+
+class CycleObserver(Protocol):
+    """What the router learns from: every forward's cost and every verification's distributions."""
+
+    def on_forward(self, level: str, n_tokens: int, seconds: float) -> None:
+        """A forward of `level` over n_tokens fed tokens (0 for an n-gram lookup) took `seconds`."""
+
+    def on_verify(self, proposer: str, verifier: str, proposals: list[int], q: list | None, p: list,
+                  n_accepted: int, requested: int) -> None:
+        """`verifier` checked `proposals` (of `requested`); q, p: per-position dists as the cascade
+        keeps them (argmax ids under greedy, warped probabilities otherwise; q None for n-gram)."""
 
 
 @dataclass
@@ -104,10 +117,15 @@ class CycleRunner:
         rng: np.random.Generator,
         stats: list[LevelStats] | None = None,
         residual_fn=residual,
+        observer: CycleObserver | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.chain, self.state, self.params, self.rng = chain, state, params, rng
         self.stats = stats if stats is not None else [LevelStats(level.name) for level in chain.levels]
         self._residual = residual_fn
+        # Optional: only reports, never changes what is computed (exactness does not depend on it).
+        self.observer = observer
+        self.clock = clock  # a simulated clock in tests; wall time otherwise
 
     def cycle(self, context: Sequence[int], max_new: int) -> list[int]:
         """New tokens the target emits after `context` (1 .. max_new of them)."""
@@ -125,19 +143,26 @@ class CycleRunner:
 
     def _evaluate(self, i: int, tokens: list[int], n_logits: int) -> np.ndarray:
         level = self.chain.levels[i]
-        start = time.perf_counter()
+        fed_before = self.state.evaluated.get(level.name, 0)
+        start = self.clock()
         logits = self.state.evaluate(level, tokens, n_logits)
-        self.stats[i].seconds += time.perf_counter() - start
+        seconds = self.clock() - start
+        self.stats[i].seconds += seconds
         self.stats[i].forwards += 1
+        if self.observer is not None:
+            self.observer.on_forward(level.name, self.state.evaluated[level.name] - fed_before, seconds)
         return logits
 
     def _draft(self, context: list[int], n: int) -> tuple[list[int], list | None]:
         """Level 0 proposes n tokens (fewer after EOS or when the n-gram finds nothing)."""
         level = self.chain.levels[0]
         if isinstance(level, NgramDrafter):
-            start = time.perf_counter()
+            start = self.clock()
             tokens = level.propose(context, n)
-            self.stats[0].seconds += time.perf_counter() - start
+            seconds = self.clock() - start
+            self.stats[0].seconds += seconds
+            if self.observer is not None:
+                self.observer.on_forward(level.name, 0, seconds)
             return _cut_after_eos(tokens, self.chain.eos_ids), None
         tokens, dists = [], []
         for _ in range(n):
@@ -182,6 +207,9 @@ class CycleRunner:
         if i > 0:
             self.stats[i - 1].proposed += len(proposals)
             self.stats[i - 1].accepted += n_acc
+            if self.observer is not None and n_below > 0:
+                self.observer.on_verify(self.chain.levels[i - 1].name, self.chain.levels[i].name,
+                                        proposals, q, p, n_acc, n_below)
         return proposals[:n_acc] + [nxt], p[: n_acc + 1]
 
 

@@ -52,16 +52,17 @@ def exact_distribution(target: SyntheticBackend, params: SamplingParams) -> dict
     return probs
 
 
-def empirical_counts(chain: Chain, params: SamplingParams, seed: int, **kw) -> dict[tuple[int, ...], int]:
+def empirical_counts(chain: Chain, params: SamplingParams, seed: int, runs: int = RUNS,
+                     **kw) -> dict[tuple[int, ...], int]:
     rng = np.random.default_rng(seed)
     counts: dict[tuple[int, ...], int] = {}
-    for _ in range(RUNS):
+    for _ in range(runs):
         out = tuple(generate(chain, PROMPT, params, N_TOKENS, rng=rng, **kw).token_ids)
         counts[out] = counts.get(out, 0) + 1
     return counts
 
 
-def goodness_of_fit(exact: dict, counts: dict) -> float:
+def goodness_of_fit(exact: dict, counts: dict, runs: int = RUNS) -> float:
     """p-value of a chi-square test; cells with expected count < 5 are pooled into one."""
     impossible = [seq for seq, c in counts.items() if exact.get(seq, 0.0) == 0.0]
     assert not impossible, f"outcomes of probability zero were generated: {impossible[:5]}"
@@ -70,12 +71,12 @@ def goodness_of_fit(exact: dict, counts: dict) -> float:
     for seq, p in exact.items():
         if p == 0:
             continue
-        if p * RUNS >= 5:
+        if p * runs >= 5:
             observed.append(counts.get(seq, 0))
-            expected.append(p * RUNS)
+            expected.append(p * runs)
         else:
             pooled_obs += counts.get(seq, 0)
-            pooled_exp += p * RUNS
+            pooled_exp += p * runs
     if pooled_exp:
         observed.append(pooled_obs)
         expected.append(pooled_exp)

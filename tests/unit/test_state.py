@@ -79,3 +79,29 @@ def test_release_frees_every_slot():
     state.evaluate(model, [1, 2], 1)
     state.release()
     assert model._kv == {}
+
+
+def test_a_model_that_sat_out_catches_up_on_unseen_tokens_only():
+    """Switching chains between cycles: the returning model feeds only what it missed."""
+    target = SyntheticBackend("t", vocab=6)
+    small = SyntheticBackend("s", vocab=6, model_seed=2, noise=0.3)
+    mid = SyntheticBackend("m", vocab=6, model_seed=3, noise=0.3)
+    state = SequenceState()
+    params, rng = SamplingParams(), np.random.default_rng(0)
+    with_small = CycleRunner(Chain([small, target], [3]), state, params, rng)
+    with_mid = CycleRunner(Chain([mid, target], [3]), state, params, rng)
+    context = [1, 2, 3, 4]
+    for _ in range(3):
+        context += with_small.cycle(context, 50)
+        state.rollback_to(context)
+    seen_by_small = state.committed_length(small, context)
+    fed_before = small.decoded_tokens
+    for _ in range(4):
+        context += with_mid.cycle(context, 50)
+        state.rollback_to(context)
+    assert small.decoded_tokens == fed_before  # it sat out
+    missed = len(context) - seen_by_small
+    with_small.cycle(context, 50)
+    # First draft forward = the missed tokens; then one token per further draft step (k = 3).
+    assert small.decoded_tokens - fed_before == missed + 2
+    assert small.kv_tokens(0)[: len(context)] == context

@@ -1,0 +1,402 @@
+"""PyTorch backend over Hugging Face transformers (CPU or CUDA; fp32, bf16 or fp16).
+
+Same contract as the llama.cpp backend (base.py): `decode` appends a run of tokens at
+absolute positions of one sequence and returns logits for the last n_logits of them;
+`remove` drops positions [start, end). Each sequence owns one transformers
+`DynamicCache`; rollback crops it. transformers 5.x changed `DynamicCache.crop`: it
+now takes a *negative* count of tokens to drop (the 4.x meaning, "keep the first n",
+raises), so `remove` crops by `start - length` (reference notes, pitfalls). Layers
+that cannot be cropped exactly (sliding-window or linear-attention caches) are
+refused at load time rather than rolled back approximately.
+
+Token texts: `token_text` returns the vocabulary's stored string of a token (for a
+byte-level BPE such as Qwen's, e.g. 'Ġthe'), which is what llama.cpp's
+`llama_vocab_get_text` returns for the same tokenizer, so specrouter.vocab recognises a
+GGUF model and its torch conversion as sharing a tokenizer. `token_bytes` returns the
+bytes a token stands for, with special (control) tokens rendering as b"" as llama.cpp
+renders them when asked without special tokens.
+
+torch is imported here, and this module is imported only when a torch model is used:
+the package works without the `torch` extra.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specrouter.backends.base import Backend
+from specrouter.errors import BackendError, InvalidParameterError, ModelFileError
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the torch backend needs torch and transformers: pip install 'specrouter[torch]' "
+        "(install the torch build that fits your machine first)"
+    ) from exc
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
+
+#: Token texts that end generation besides the tokenizer's EOS. llama.cpp marks the
+#: same tokens as end-of-generation by their text (its `llama_vocab_is_eog`; checked
+#: on the Qwen2.5 GGUFs: ids 128247 '</s>', 151643, 151645, 151662-151664), so a
+#: converted model stops where its GGUF original stops.
+_EOG_TEXTS = (
+    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+    "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>", "</s>",
+    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+)
+
+
+def dtype_name(dtype: str | Any) -> str:
+    """Normalise 'fp32' / 'bfloat16' / torch.float16 ... to one of DTYPES' keys."""
+    if isinstance(dtype, torch.dtype):
+        for name, value in DTYPES.items():
+            if value == dtype:
+                return name
+        raise InvalidParameterError(f"dtype {dtype} is not supported: use one of {', '.join(DTYPES)}")
+    name = _DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
+    if name not in DTYPES:
+        raise InvalidParameterError(f"dtype {dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+    return name
+
+
+def check_device(device: str) -> torch.device:
+    """A usable torch device, or BackendError saying why not."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise InvalidParameterError(f"device {device!r} is not a torch device: use cpu or cuda[:N]") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise InvalidParameterError(f"device {device!r} is not supported: use cpu or cuda[:N]")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise BackendError(f"device {device!r} was asked for, but {why} (torch {torch.__version__}); use --device cpu")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise BackendError(f"device {device!r} does not exist: {torch.cuda.device_count()} CUDA device(s) visible")
+    return dev
+
+
+def check_dtype_runs(device: torch.device, dtype: torch.dtype) -> None:
+    """Run the operations a decoder needs (matmul, softmax, attention) on a tiny input in
+    `dtype` on `device`; BackendError if the device cannot (e.g. bf16 on a GPU without it)."""
+    try:
+        x = torch.randn(1, 2, 4, 8, device=device).to(dtype)
+        y = torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+        z = torch.softmax(y @ x.transpose(-1, -2), dim=-1)
+        if not torch.isfinite(z.float()).all():
+            raise RuntimeError("non-finite results on a tiny input")
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        shown = str(dtype).removeprefix("torch.")
+        raise BackendError(f"device {device} cannot run dtype {shown}: {first}") from None
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: the printable stand-ins of byte-level BPE."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    try:
+        spec = json.loads(backend.to_str())
+    except Exception:  # noqa: BLE001 - any failure means: not recognisably byte-level
+        return False
+    return "ByteLevel" in json.dumps(spec.get("decoder")) or "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
+
+
+class TorchBackend(Backend):
+    """A transformers causal LM with one DynamicCache per sequence.
+
+    Build it from a model folder (`TorchBackend(path, ...)`) or from objects already in
+    memory (`TorchBackend.from_model(model, tokenizer, ...)`, used by tests).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        name: str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        n_ctx: int = 4096,
+        n_seq_max: int = 4,
+        n_threads: int | None = None,
+    ) -> None:
+        path = Path(path)
+        dev, tdtype = self._check_runtime(device, dtype, n_threads)
+        if not path.is_dir():
+            raise ModelFileError(f"torch model folder not found: {path}")
+        if not (path / "config.json").is_file():
+            raise ModelFileError(f"{path} is not a transformers model folder: it has no config.json")
+        if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+            raise ModelFileError(f"{path} has no weights (*.safetensors)")
+        if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")):
+            raise ModelFileError(
+                f"{path} has no tokenizer (tokenizer.json / tokenizer.model / vocab.json): "
+                "a chain needs each model's tokenizer to check they agree"
+            )
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError, TypeError) as exc:
+            raise ModelFileError(f"{path}: could not load its tokenizer: {exc}") from None
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=tdtype, local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelFileError(f"{path}: transformers could not load the model: {exc}") from None
+        self.path = path
+        self._setup(model, tokenizer, name or path.name, dev, tdtype, n_ctx, n_seq_max)
+
+    @classmethod
+    def from_model(cls, model: Any, tokenizer: Any, name: str = "torch", device: str = "cpu",
+                   dtype: str = "float32", n_ctx: int = 4096, n_seq_max: int = 4,
+                   n_threads: int | None = None) -> TorchBackend:
+        """Wrap a model and tokenizer already in memory (moved to device and dtype)."""
+        self = cls.__new__(cls)
+        dev, tdtype = self._check_runtime(device, dtype, n_threads)
+        if tokenizer is None:
+            raise ModelFileError(f"{name}: a torch model needs a tokenizer")
+        self.path = None
+        self._setup(model, tokenizer, name, dev, tdtype, n_ctx, n_seq_max)
+        return self
+
+    @staticmethod
+    def _check_runtime(device: str, dtype: str, n_threads: int | None) -> tuple[torch.device, torch.dtype]:
+        dev = check_device(device)
+        tdtype = DTYPES[dtype_name(dtype)]
+        check_dtype_runs(dev, tdtype)
+        if n_threads and dev.type == "cpu":
+            torch.set_num_threads(n_threads)  # process-wide in torch (llama.cpp sets it per context)
+        return dev, tdtype
+
+    def _setup(self, model: Any, tokenizer: Any, name: str, dev: torch.device, tdtype: torch.dtype,
+               n_ctx: int, n_seq_max: int) -> None:
+        self.name = name
+        self.device = dev
+        self.dtype = tdtype
+        #: CPU threads torch computes with (read by the router's profile key); None on a GPU.
+        self.n_threads = torch.get_num_threads() if dev.type == "cpu" else None
+        self._model = model.to(device=dev, dtype=tdtype).eval()
+        self._tok = tokenizer
+        config = model.config
+        self._config = config
+        self._check_croppable()
+        max_pos = getattr(config, "max_position_embeddings", None) or n_ctx
+        self.n_ctx = min(n_ctx, int(max_pos))
+        self.n_seq_max = n_seq_max
+        self.n_batch = 512  # catch-up tokens are fed in pieces of this size (bounds activation memory)
+        self.n_vocab = int(config.vocab_size)
+        self._n_tokens = len(tokenizer)
+        if self._n_tokens > self.n_vocab:
+            raise ModelFileError(f"{name}: the tokenizer has {self._n_tokens} tokens but the model only {self.n_vocab} logits")
+        self.params_b = sum(p.numel() for p in model.parameters()) / 1e9
+        self._caches: dict[int, Any] = {}
+        self._free_slots = list(range(n_seq_max))
+        self._byte_level = _is_byte_level(tokenizer)
+        self._byte_dec = _byte_decoder() if self._byte_level else {}
+        self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", []) or [])
+        self._added = {i: t for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+        self.eos_ids = self._eos_ids()
+        self._pieces: dict[int, bytes] = {}
+        self._closed = False
+
+    def _check_croppable(self) -> None:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self._config)
+        bad = {type(layer).__name__ for layer in getattr(cache, "layers", [])
+               if getattr(layer, "is_sliding", False) or not getattr(layer, "is_croppable", True)}
+        if bad:
+            raise ModelFileError(
+                f"{self.name}: its KV cache layers ({', '.join(sorted(bad))}) cannot be rolled back exactly "
+                "(sliding-window or recurrent attention); speculative decoding needs exact rollback"
+            )
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self._config)
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        if self._tok.eos_token_id is not None:
+            ids.add(int(self._tok.eos_token_id))
+        gen = getattr(self._model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+        vocab = self._tok.get_vocab()
+        ids.update(vocab[text] for text in _EOG_TEXTS if text in vocab)
+        return frozenset(i for i in ids if 0 <= i < self.n_vocab)
+
+    # KV and compute ----------------------------------------------------------------
+    def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
+        cache = self._cache(seq)
+        if not 1 <= n_logits <= len(tokens):
+            raise ValueError(f"n_logits={n_logits} must be in 1..len(tokens)={len(tokens)}")
+        held = cache.get_seq_length()
+        if pos != held:
+            raise BackendError(f"{self.name}: decode at position {pos} but sequence {seq} holds {held} positions")
+        if pos + len(tokens) > self.n_ctx:
+            raise BackendError(f"{self.name}: positions up to {pos + len(tokens)} exceed the context of {self.n_ctx}")
+        bad = [t for t in tokens if not 0 <= int(t) < self.n_vocab]
+        if bad:
+            raise BackendError(f"{self.name}: token ids {bad[:5]} are outside 0..{self.n_vocab - 1}")
+        # Catch-up tokens whose logits nobody needs go first, in n_batch pieces.
+        head = len(tokens) - n_logits
+        for start in range(0, head, self.n_batch):
+            end = min(start + self.n_batch, head)
+            self._forward(cache, tokens[start:end], pos + start, 0)
+        return self._forward(cache, tokens[head:], pos + head, n_logits)
+
+    def _forward(self, cache: Any, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray | None:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        positions = torch.arange(pos, pos + len(tokens), device=self.device).unsqueeze(0)
+        try:
+            with torch.inference_mode():
+                out = self._model(
+                    input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                    logits_to_keep=max(n_logits, 1),
+                )
+        except torch.cuda.OutOfMemoryError:
+            self._truncate(cache, pos)
+            raise BackendError(f"{self.name}: out of GPU memory decoding {len(tokens)} tokens at {pos}") from None
+        except BaseException:
+            self._truncate(cache, pos)  # layers that ran before the failure appended their KV
+            raise
+        if n_logits == 0:
+            return None
+        return out.logits[0, -n_logits:].float().cpu().numpy()
+
+    @staticmethod
+    def _truncate(cache: Any, length: int) -> None:
+        """Crop every layer back to `length` positions (a failed forward may leave some longer)."""
+        for layer in cache.layers:
+            extra = layer.get_seq_length() - length
+            if extra > 0:
+                layer.crop(-extra)
+
+    def _cache(self, seq: int) -> Any:
+        try:
+            return self._caches[seq]
+        except KeyError:
+            raise BackendError(f"{self.name}: sequence {seq} does not exist") from None
+
+    def remove(self, seq: int, start: int) -> None:
+        cache = self._cache(seq)
+        held = cache.get_seq_length()
+        start = max(int(start), 0)
+        if start == 0:
+            self._caches[seq] = self._new_cache()
+        elif start < held:
+            cache.crop(start - held)  # transformers 5.x: a negative count of tokens to drop
+
+    def new_sequence(self) -> int:
+        if not self._free_slots:
+            raise BackendError(f"{self.name}: all {self.n_seq_max} sequence slots are in use")
+        seq = self._free_slots.pop(0)
+        self._caches[seq] = self._new_cache()
+        return seq
+
+    def free_sequence(self, seq: int) -> None:
+        self._caches.pop(seq, None)
+        if seq not in self._free_slots and 0 <= seq < self.n_seq_max:
+            self._free_slots.append(seq)
+
+    def kv_length(self, seq: int) -> int:
+        return int(self._cache(seq).get_seq_length())
+
+    # Tokenizer -----------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return list(self._tok(text, add_special_tokens=add_special)["input_ids"])
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's stored text of a token (what tokenizers are compared by)."""
+        text = self._tok.convert_ids_to_tokens(int(token))
+        return text.encode("utf-8") if text is not None else b""
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._piece(int(token))
+            self._pieces[token] = piece
+        return piece
+
+    def _piece(self, token: int) -> bytes:
+        if not 0 <= token < self._n_tokens:
+            return b""
+        if token in self.eos_ids:
+            # llama.cpp turns every end-of-generation token into a control token (even a
+            # plain-text one such as Qwen's '</s>', id 128247), and control tokens render as nothing.
+            return b""
+        added = self._added.get(token)
+        if added is not None:
+            # Control tokens render as nothing (llama.cpp without special rendering).
+            return b"" if getattr(added, "special", False) else str(added).encode("utf-8")
+        text = self._tok.convert_ids_to_tokens(token)
+        if text is None or text == f"[PAD{token}]":
+            # llama.cpp's GGUF converter pads vocabularies with unused '[PAD<id>]' entries
+            # that render as nothing; a tokenizer made from such a GGUF keeps them as text.
+            return b""
+        if self._byte_level:
+            try:
+                return bytes(self._byte_dec[c] for c in text)
+            except KeyError:
+                return text.encode("utf-8")
+        # SentencePiece-style vocabularies: '▁' is a space, <0xAB> a raw byte.
+        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            try:
+                return bytes([int(text[3:5], 16)])
+            except ValueError:
+                pass
+        return text.replace("▁", " ").encode("utf-8")
+
+    @property
+    def n_tokens(self) -> int:
+        return self._n_tokens
+
+    @property
+    def add_bos(self) -> bool:
+        ids = self._tok("a", add_special_tokens=True)["input_ids"]
+        return bool(ids) and self._tok.bos_token_id is not None and ids[0] == self._tok.bos_token_id
+
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self._tok, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    @property
+    def bos_text(self) -> str:
+        return self._tok.bos_token or ""
+
+    @property
+    def eos_text(self) -> str:
+        return self._tok.eos_token or ""
+
+    def close(self) -> None:
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            self._caches.clear()
+            self._model = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()

@@ -1,0 +1,43 @@
+"""The router: profiled costs + estimated acceptance -> the fastest chain, per cycle.
+
+profiler (what a forward costs here), acceptance (how often a level's tokens survive the
+next), predictor (seconds per committed token of a chain), scheduler (the Router that
+picks the argmin before every cycle). The router never touches tokens, only numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from specrouter.errors import InvalidParameterError
+from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.predictor import ChainSpec, Prediction, predict
+from specrouter.router.profiler import CostProfile, OnlineCosts, default_profile_dir, load_or_profile, profile_model
+from specrouter.router.scheduler import Decision, Router, build_router
+
+__all__ = ["AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "OnlineCosts", "Prediction",
+           "Router", "auto_router", "build_router", "load_or_profile", "predict", "profile_model"]
+
+
+def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir: Path | None = None,
+                progress: bool = True) -> Router:
+    """The router `--chain auto` uses: `target` (default: the last, i.e. largest, of the
+    candidates) and every candidate that shares its tokenizer, plus the n-gram level.
+    Costs come from the cached profile (measured now where missing or stale); acceptance
+    estimates from earlier runs are loaded (and saved back by Router.save_estimates)."""
+    if target is None:
+        if not candidates:
+            raise InvalidParameterError("--chain auto needs a pulled pool model: run `specrouter pull`, or give --target")
+        target = candidates[-1]
+    model = pool.level(target)
+    if not hasattr(model, "decode"):
+        raise InvalidParameterError("--target must be a model, not ngram")
+    others = [pool.level(n) for n in candidates if n != target]
+    directory = Path(profile_dir) if profile_dir is not None else default_profile_dir()
+    acceptance = AcceptanceEstimator()
+    acceptance.load(directory / "acceptance.json")
+    router = build_router(model, others, lambda models: OnlineCosts(load_or_profile(models, directory, progress=progress)),
+                          acceptance)
+    router.estimates_file = directory / "acceptance.json"
+    return router

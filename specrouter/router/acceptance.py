@@ -1,0 +1,178 @@
+"""Online acceptance estimates per ordered pair (proposer, verifier).
+
+What is estimated is the per-position acceptance rate `a` of the predictor's i.i.d.
+model, from the two distributions at every verified position, not from the 0/1
+accept decisions: the expectation has far less variance than the coin flips.
+- sampling, model proposer: sum_x min(p(x), q(x)) = 1 - TV(p, q) (reference notes);
+- sampling, deterministic proposer (n-gram, q one-hot at x): p(x);
+- greedy: 1 if the proposal is the verifier's argmax, else 0.
+Every position the verifier computed a row for counts, also those after the first
+rejection: their contexts are valid (proposer's and verifier's rows at the same
+context), and they multiply the data per cycle. A proposer that returned fewer tokens
+than asked (the n-gram finding nothing) scores one 0 at the first missing position:
+for the block it ends exactly like a rejection there, and only the first one matters.
+
+Per-request estimates shrink toward the global ones by count, n / (n + SHRINK): a new
+request starts from what earlier requests saw and moves to its own data (code and chat
+prompts accept very differently). Both are EMAs that start as plain means, so the
+first observations count fully and later drift is followed; the per-request one also
+restarts when its recent window clearly departs from it (Estimate).
+
+Pairs never observed get a prior: the triangle inequality of TV gives
+a_ik >= a_ij + a_jk - 1 through any model j observed with both (it also holds for
+greedy agreement, by the union bound); it is a guaranteed lower bound, so using it is
+conservative. With no such path, DEFAULT_PRIOR, a deliberately pessimistic guess.
+Learning the pairs that priors make look unattractive is the scheduler's business:
+bounded probes, whose measured extra cost is capped at a fraction of generation time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+#: Acceptance assumed for an unobserved pair with no triangle bound: below the ~0.8 a
+#: same-family draft typically reaches (reference notes: 0.81 greedy), so drafts are
+#: not used on faith; probes find out when a draft could plausibly pay.
+DEFAULT_PRIOR = 0.4
+#: Positions of per-request data that weigh as much as the global estimate.
+SHRINK = 8.0
+ALPHA_REQUEST = 0.1  # per position: ~10 positions (a few cycles) of memory
+ALPHA_GLOBAL = 0.01
+WINDOW, VAR_ALPHA, MIN_JUMP = 6, 0.02, 0.15  # change detection of per-request estimates
+PERSIST_CAP = 200.0  # a loaded global count is capped so new data can still move it
+
+
+@dataclass
+class Estimate:
+    """EMA that starts as the plain mean (step 1/n until it reaches alpha).
+
+    With `detect`, a change is followed at once: when the mean of the last WINDOW scores
+    departs from the EMA by more than 3 standard errors (variance tracked slowly, so a
+    change does not hide itself), the EMA restarts from that window. A draft that stops
+    agreeing with its verifier (other text, another model) is seen in a few cycles."""
+
+    mean: float = 0.0
+    count: float = 0.0
+    var: float = 0.0
+    recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+    def update(self, x: float, alpha: float, detect: bool = False) -> None:
+        self.count += 1
+        step = max(1.0 / self.count, alpha)
+        self.var += max(1.0 / self.count, VAR_ALPHA) * ((x - self.mean) ** 2 - self.var)
+        self.mean += step * (x - self.mean)
+        if detect:
+            self.recent.append(x)
+            if len(self.recent) == WINDOW:
+                window = sum(self.recent) / WINDOW
+                if abs(window - self.mean) > max(MIN_JUMP, 3.0 * math.sqrt(self.var / WINDOW)):
+                    self.mean = window
+                    self.recent.clear()
+
+
+def pair_score(proposal: int, q_row, p_row, greedy: bool) -> float:
+    """Expected acceptance at one position (see the module docstring)."""
+    if greedy:
+        return 1.0 if int(proposal) == int(p_row) else 0.0
+    if q_row is None:
+        return float(p_row[proposal]) if proposal < p_row.shape[0] else 0.0
+    n = min(p_row.shape[0], q_row.shape[0])  # padded vocabularies: compare the shared range
+    return float(np.minimum(p_row[:n], q_row[:n]).sum())
+
+
+def position_scores(proposals: Sequence[int], q, p, greedy: bool, requested: int) -> list[float]:
+    scores = [pair_score(x, None if q is None else q[i], p[i], greedy) for i, x in enumerate(proposals)]
+    if len(proposals) < requested:
+        scores.append(0.0)  # ran out of proposals: ends the block like a rejection
+    return scores
+
+
+class AcceptanceEstimator:
+    def __init__(self, default: float = DEFAULT_PRIOR, shrink: float = SHRINK) -> None:
+        self.default, self.shrink = default, shrink
+        self.mode = "sampled"
+        self.global_: dict[tuple[str, str, str], Estimate] = {}
+        self.request: dict[tuple[str, str], Estimate] = {}
+        self.fill_: dict[tuple[str, str], Estimate] = {}  # proposals given / asked, per pair
+
+    def start_request(self, greedy: bool) -> None:
+        self.mode = "greedy" if greedy else "sampled"
+        self.request.clear()
+
+    # Observations ----------------------------------------------------------------
+    def observe(self, proposer: str, verifier: str, proposals, q, p, requested: int) -> None:
+        greedy = self.mode == "greedy"
+        self.observe_scores(proposer, verifier, position_scores(proposals, q, p, greedy, requested))
+        if requested > 0:
+            self.fill_.setdefault((proposer, verifier), Estimate()).update(
+                min(len(proposals), requested) / requested, ALPHA_REQUEST)
+
+    def observe_scores(self, proposer: str, verifier: str, scores: Sequence[float]) -> None:
+        g = self.global_.setdefault((self.mode, proposer, verifier), Estimate())
+        r = self.request.setdefault((proposer, verifier), Estimate())
+        for s in scores:
+            g.update(s, ALPHA_GLOBAL)
+            r.update(s, ALPHA_REQUEST, detect=True)
+
+    def set_global(self, proposer: str, verifier: str, rate: float, count: float = 100.0, mode: str | None = None) -> None:
+        """Seed an estimate (tests, persisted state)."""
+        self.global_[(mode or self.mode, proposer, verifier)] = Estimate(rate, count)
+
+    # Estimates --------------------------------------------------------------------
+    def count(self, proposer: str, verifier: str) -> float:
+        g = self.global_.get((self.mode, proposer, verifier))
+        r = self.request.get((proposer, verifier))
+        return (g.count if g else 0.0) + (r.count if r else 0.0)
+
+    def observed(self, proposer: str, verifier: str) -> bool:
+        return self.count(proposer, verifier) > 0
+
+    def rate(self, proposer: str, verifier: str, names: Sequence[str] = ()) -> float:
+        """Per-request estimate shrunk toward the global one (or the prior)."""
+        g = self.global_.get((self.mode, proposer, verifier))
+        base = g.mean if g and g.count else self.prior(proposer, verifier, names)
+        r = self.request.get((proposer, verifier))
+        if r is None or not r.count:
+            return base
+        w = r.count / (r.count + self.shrink)
+        return w * r.mean + (1 - w) * base
+
+    def prior(self, proposer: str, verifier: str, names: Sequence[str] = ()) -> float:
+        """Triangle bound through any observed middle model, else DEFAULT_PRIOR."""
+        bounds = [self.rate(proposer, m) + self.rate(m, verifier) - 1.0
+                  for m in names
+                  if m not in (proposer, verifier) and self.observed(proposer, m) and self.observed(m, verifier)]
+        return max(0.0, max(bounds)) if bounds else self.default
+
+    def fill(self, proposer: str, verifier: str) -> float:
+        f = self.fill_.get((proposer, verifier))
+        return f.mean if f and f.count else 1.0
+
+    # Persistence: global estimates survive the process, so the next request starts informed.
+    def save(self, file: Path) -> None:
+        data = {"|".join(k): [e.mean, e.count] for k, e in self.global_.items() if e.count}
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = file.with_name(file.name + ".tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            os.replace(tmp, file)
+        except OSError:
+            pass  # losing the estimates only costs a slower start next time
+
+    def load(self, file: Path) -> None:
+        try:
+            data = json.loads(Path(file).read_text())
+            for key, (mean, count) in data.items():
+                mode, proposer, verifier = key.split("|")
+                if 0.0 <= float(mean) <= 1.0 and float(count) > 0:
+                    self.global_[(mode, proposer, verifier)] = Estimate(float(mean), min(float(count), PERSIST_CAP))
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass  # absent or damaged: start from the priors

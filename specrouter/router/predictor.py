@@ -1,0 +1,140 @@
+"""Expected seconds per committed token of a chain, from costs and acceptance rates.
+
+Model. Level j's tokens are accepted by level j + 1 independently at each position
+with probability a_j = a(level j, level j + 1) (the acceptance estimator's number).
+t_j(n) is level j's forward over n tokens (the profile, refined online).
+
+One block. Level i verifies m proposals from level i - 1 in one forward and returns
+the accepted prefix plus one token of its own, G tokens in all:
+    P(G = g) = a^(g-1) (1 - a)  for g = 1..m,    P(G = m + 1) = a^m,
+    E[G] = (1 - a^(m+1)) / (1 - a)                                          (1)
+(a proposer that returns fewer tokens than asked, the n-gram, is folded into a: the
+estimator scores the first missing position as a rejection, and the verifier feeds
+fill * m proposals on average, fill = proposals given / asked).
+
+Cost of a target cycle (what CycleRunner.cycle does: ONE target block with
+m = min(k_top, max_new - 1) proposals):
+    cost = P_{L-2}(m) + t_T(m + 1),    tokens = E[G] by (1),    s/token = cost / tokens
+The target feeds exactly m + 1 tokens: its cache lacks only the last committed token.
+A target alone feeds 1 token per cycle and commits 1.
+
+P_i(n), the cost of level i producing n proposals for the level above (_propose):
+- level 0, a model: n forwards of 1 token, the first of which also catches up on what
+  the level above emitted last time; that is 2 tokens when all its previous n
+  proposals were accepted (the last was never fed), else 1:
+      P_0(n) = (n - 1) t_0(1) + (1 - pi) t_0(1) + pi t_0(2),  pi = a_0^n
+- level 0, the n-gram: one lookup, t_ng.
+- level i > 0 runs blocks until it holds n tokens; each block asks level i - 1 for
+  min(k_{i-1}, missing) proposals and the surplus of the last block is dropped. With
+  r tokens still missing, C(r) = B(min(k, r)) + sum_g P(G = g) C(max(r - g, 0)),
+  C(0) = 0, B(m) = P_{i-1}(m) + t_i(m + 1): a dynamic program over r = 1..n (exact
+  under the model: no "n / E[G] blocks" approximation). The first block of a cycle
+  feeds one catch-up token more with probability a_i^n, like level 0.
+P_i recurses down the chain, so the whole prediction costs O(L * k^2) arithmetic.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from specrouter.backends.ngram import NGRAM_NAME
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    """A chain by names (cheapest first, target last) and draft lengths per non-target level."""
+
+    names: tuple[str, ...]
+    draft_lengths: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        lengths = ",".join(map(str, self.draft_lengths))
+        return " -> ".join(self.names) + (f" [{lengths}]" if lengths else "")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    seconds_per_token: float
+    cycle_seconds: float
+    tokens_per_cycle: float
+
+
+@functools.lru_cache(maxsize=4096)
+def block_distribution(a: float, m: int) -> list[float]:
+    """P(G = g) for g = 1..m + 1, equation (1)."""
+    a = min(max(a, 0.0), 1.0)
+    probs = [a**j * (1 - a) for j in range(m)]
+    probs.append(a**m)
+    return probs
+
+
+def expected_tokens(a: float, m: int) -> float:
+    return sum(g * p for g, p in enumerate(block_distribution(a, m), 1))
+
+
+def predict(
+    spec: ChainSpec,
+    cost: Callable[[str, float], float],
+    rate: Callable[[str, str], float],
+    fill: Callable[[str, str], float] = lambda proposer, verifier: 1.0,
+    room: int | None = None,
+    memo: dict | None = None,
+) -> Prediction:
+    """Expected seconds per committed token of `spec` (derivation in the module docstring).
+
+    `memo`: shared by calls with the same cost/rate/fill functions, so that a search
+    over draft lengths computes each lower level's P_i(n) once (keyed by the levels and
+    lengths it depends on)."""
+    names, ks = spec.names, spec.draft_lengths
+    memo = {} if memo is None else memo
+    top = len(names) - 1
+    if top == 0:
+        t = cost(names[0], 1)
+        return Prediction(t, t, 1.0)
+    acc = [rate(names[j], names[j + 1]) for j in range(top)]
+    fills = [fill(names[j], names[j + 1]) for j in range(top)]
+
+    def produce(i: int, n: int) -> float:
+        """P_i(n): level i producing n proposals for level i + 1 (memoised)."""
+        key = (names[: i + 2], ks[:i], n)
+        value = memo.get(key)
+        if value is None:
+            value = memo[key] = _produce(i, n)
+        return value
+
+    def _produce(i: int, n: int) -> float:
+        if i == 0:
+            if names[0] == NGRAM_NAME:
+                return cost(NGRAM_NAME, n)
+            pi = acc[0] ** n
+            return (n - 1) * cost(names[0], 1) + (1 - pi) * cost(names[0], 1) + pi * cost(names[0], 2)
+        k, a, f = ks[i - 1], acc[i - 1], fills[i - 1]
+        catch_up = acc[i] ** n
+
+        def block(m: int, first: bool) -> float:
+            fed = f * m + 1 + (catch_up if first else 0.0)
+            return produce(i - 1, m) + cost(names[i], fed)
+
+        rest = [0.0] * (n + 1)  # rest[r]: expected cost with r missing, not the first block
+        for r in range(1, n + 1):
+            m = min(k, r)
+            rest[r] = block(m, False) + sum(p * rest[max(r - g, 0)] for g, p in enumerate(block_distribution(a, m), 1))
+        m = min(k, n)
+        return block(m, True) + sum(p * rest[max(n - g, 0)] for g, p in enumerate(block_distribution(a, m), 1))
+
+    m = ks[top - 1] if room is None else max(0, min(ks[top - 1], room - 1))
+    if m == 0:
+        t = cost(names[top], 1)
+        return Prediction(t, t, 1.0)
+    cycle = produce(top - 1, m) + cost(names[top], fills[top - 1] * m + 1)
+    tokens = expected_tokens(acc[top - 1], m)
+    return Prediction(cycle / tokens, cycle, tokens)
+
+
+def closed_form_two_level(a: float, k: int, t_draft: Callable[[float], float], t_target: Callable[[float], float]) -> float:
+    """The textbook 2-level number, for tests: (k t_d(1) + t_T(k + 1)) / E[G]
+    (ignores the drafter's catch-up token, which predict() includes)."""
+    return (k * t_draft(1) + t_target(k + 1)) / ((1 - a ** (k + 1)) / (1 - a) if a < 1 else k + 1)
+

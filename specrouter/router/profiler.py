@@ -1,0 +1,319 @@
+"""Cost profile: wall seconds of one forward over n tokens, per model, on this machine.
+
+A forward's cost is measured the way the cascade uses it: on top of a cached prefix,
+n new tokens with logits for all n (a verifier needs a row per proposal), then the n
+positions are removed again. Only a subset of n is timed; the rest is interpolated
+linearly (and extrapolated from the last two points, for catch-up runs past 32).
+
+Profiles are cached as JSON, one file per model, keyed by what changes the timing:
+the model file (its sha256 stamp for pool models, else size + mtime), the backend,
+its thread count and the CPU model. A corrupt or stale file is re-profiled with a
+warning. OnlineCosts refines the profile from the timings of real cycles (EMA).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specrouter.backends.base import Backend
+from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+
+#: Timed sizes: dense where the cost curve bends (small n), sparse above.
+PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+#: Repeats per size: 3 keeps the default pool under a minute (the 1.5B takes ~4 s per sweep).
+PROFILE_REPEATS = 3
+PREFIX_TOKENS = 32
+#: Default n-gram lookup cost (measured ~20 us on a few thousand tokens); refined online.
+NGRAM_SECONDS = 2e-5
+_FORMAT = 1
+_PREFIX_TEXT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n"
+
+
+def interpolate(table: dict[int, float], n: float) -> float:
+    """Linear in n between measured sizes; linear extrapolation beyond them."""
+    ns = sorted(table)
+    if not ns:
+        raise ValueError("empty cost table")
+    if len(ns) == 1:
+        return table[ns[0]] * n / ns[0]
+    if n <= ns[0]:
+        lo, hi = ns[0], ns[1]
+    elif n >= ns[-1]:
+        lo, hi = ns[-2], ns[-1]
+    else:
+        hi = next(x for x in ns if x >= n)
+        lo = max(x for x in ns if x <= n)
+        if lo == hi:
+            return table[lo]
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return max(table[lo] + slope * (n - lo), 1e-9)
+
+
+@dataclass
+class CostProfile:
+    """Seconds per forward, model name -> {n tokens: seconds}, plus the n-gram lookup."""
+
+    tables: dict[str, dict[int, float]] = field(default_factory=dict)
+    ngram_seconds: float = NGRAM_SECONDS
+
+    def seconds(self, name: str, n: float) -> float:
+        if name == NGRAM_NAME:
+            return self.ngram_seconds
+        return interpolate(self.tables[name], n)
+
+    def as_dict(self) -> dict:
+        return {"ngram_seconds": self.ngram_seconds,
+                "models": {m: {str(n): s for n, s in sorted(t.items())} for m, t in self.tables.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostProfile:
+        tables = {m: {int(n): float(s) for n, s in t.items()} for m, t in data["models"].items()}
+        return cls(tables, float(data.get("ngram_seconds", NGRAM_SECONDS)))
+
+
+def profile_model(
+    backend: Backend,
+    ns: Sequence[int] = PROFILE_NS,
+    repeats: int = PROFILE_REPEATS,
+    clock: Callable[[], float] = time.perf_counter,
+    bar: tqdm | None = None,
+) -> dict[int, float]:
+    """Median seconds of a forward over n tokens after a cached prefix, for each n."""
+    prefix = _prefix_tokens(backend, PREFIX_TOKENS)
+    filler = _prefix_tokens(backend, max(ns))
+    seq = backend.new_sequence()
+    try:
+        backend.decode(seq, prefix, 0, 1)
+        backend.decode(seq, filler[:4], len(prefix), 4)  # warm-up: first calls allocate buffers
+        backend.remove(seq, len(prefix))
+        table = {}
+        for n in ns:
+            times = []
+            for _ in range(repeats):
+                start = clock()
+                backend.decode(seq, filler[:n], len(prefix), n)
+                times.append(clock() - start)
+                backend.remove(seq, len(prefix))
+                if bar is not None:
+                    bar.update(1)
+            table[n] = statistics.median(times)
+        return table
+    finally:
+        backend.free_sequence(seq)
+
+
+def profile_ngram(repeats: int = 20, context_tokens: int = 2048) -> float:
+    drafter = NgramDrafter()
+    context = [(i * 7919) % 1000 for i in range(context_tokens)]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        drafter.propose(context, 8)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _prefix_tokens(backend: Backend, n: int) -> list[int]:
+    tokens = backend.tokenize(_PREFIX_TEXT, add_special=False) or [0]
+    return (tokens * (1 + n // len(tokens)))[:n]
+
+
+# Cache -----------------------------------------------------------------------------
+def default_profile_dir() -> Path:
+    from specrouter.models import default_cache_dir
+
+    return default_cache_dir().parent / "profiles"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def backend_name(backend: Backend) -> str:
+    kind = type(backend).__name__
+    return "llama.cpp" if kind == "LlamaCppBackend" else kind
+
+
+def file_identity(path: Path | None) -> str:
+    """sha256 from a pool model's stamp (hashing 1 GB per start is too slow), else size+mtime."""
+    if path is None:
+        return "no-file"
+    stamp = path.with_name(path.name + ".sha256")
+    try:
+        fields = stamp.read_text().split()
+        if fields:
+            return "sha256:" + fields[0].lower()
+    except OSError:
+        pass
+    try:
+        st = path.stat()
+        return f"size:{st.st_size}:mtime:{st.st_mtime_ns}"
+    except OSError:
+        return "missing"
+
+
+def accelerator(backend: Backend) -> str | None:
+    """The GPU a torch backend runs on (its timings are that GPU's), else None."""
+    device = str(getattr(backend, "device", "") or "")
+    if not device.startswith("cuda"):
+        return None
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    except Exception:  # no driver here: the device string is still a key
+        return device
+
+
+def profile_key(backend: Backend) -> dict:
+    """What a forward's time depends on besides n: model file, backend, dtype, threads, CPU/GPU."""
+    path = getattr(backend, "path", None)
+    dtype = getattr(backend, "dtype", None)
+    return {
+        "model": backend.name,
+        "file": file_identity(Path(path) if path is not None else None),
+        "backend": backend_name(backend),
+        "dtype": None if dtype is None else str(dtype),
+        "n_threads": getattr(backend, "n_threads", None),
+        "cpu": cpu_model(),
+        "gpu": accelerator(backend),
+    }
+
+
+def _cache_file(directory: Path, backend: Backend) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in backend.name)
+    return directory / f"{safe}.json"
+
+
+def _read_cached(file: Path, key: dict) -> dict[int, float] | None:
+    """The cached table when the file is valid and its key matches; None (with a warning) otherwise."""
+    if not file.exists():
+        return None
+    try:
+        data = json.loads(file.read_text())
+        table = {int(n): float(s) for n, s in data["table"].items()}
+        if data.get("format") != _FORMAT or not table or any(s <= 0 for s in table.values()):
+            raise ValueError("bad format")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        warnings.warn(f"profile cache {file} is corrupt ({exc.__class__.__name__}): re-profiling", stacklevel=3)
+        return None
+    if data.get("key") != key:
+        changed = sorted(k for k in key if data.get("key", {}).get(k) != key[k]) if isinstance(data.get("key"), dict) else ["key"]
+        warnings.warn(f"profile cache {file} is stale ({', '.join(changed)} changed): re-profiling", stacklevel=3)
+        return None
+    return table
+
+
+def load_or_profile(
+    backends: Iterable[Backend],
+    directory: Path | None = None,
+    repeats: int = PROFILE_REPEATS,
+    ns: Sequence[int] = PROFILE_NS,
+    force: bool = False,
+    progress: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
+) -> CostProfile:
+    """Cached profiles where valid; the others are measured (one progress bar) and saved."""
+    directory = Path(directory) if directory is not None else default_profile_dir()
+    profile = CostProfile()
+    todo = []
+    for backend in backends:
+        key = profile_key(backend)
+        table = None if force else _read_cached(_cache_file(directory, backend), key)
+        if table is None:
+            todo.append((backend, key))
+        else:
+            profile.tables[backend.name] = table
+    if todo:
+        with tqdm(total=len(todo) * len(ns) * repeats, desc="profiling", unit="fwd", disable=not progress) as bar:
+            for backend, key in todo:
+                bar.set_postfix_str(backend.name)
+                table = profile_model(backend, ns, repeats, clock=clock, bar=bar)
+                profile.tables[backend.name] = table
+                _write(_cache_file(directory, backend), {"format": _FORMAT, "key": key,
+                                                         "table": {str(n): s for n, s in table.items()}})
+    return profile
+
+
+def _write(file: Path, data: dict) -> None:
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(file.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, file)  # atomic: a crash never leaves a half-written profile
+    except OSError as exc:
+        warnings.warn(f"could not save profile {file}: {exc}", stacklevel=2)
+
+
+# Online refinement -------------------------------------------------------------------
+class OnlineCosts:
+    """The profile, corrected by observed forwards: seconds(m, n) = profile_m(n) * level_m * shape_m(n).
+
+    level_m, an EMA of observed/profiled time over every forward of m, follows a model
+    that slows down or speeds up as a whole (another process on the cores, a longer
+    context) at every n after a few forwards at any n; shape_m(n), a slower EMA per
+    (model, n), corrects the profile's curve where cycles show it is off.
+    """
+
+    ALPHA = 0.3  # a few observations move the level; one outlier does not
+    SHAPE_ALPHA = 0.1
+
+    def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0) -> None:
+        self.profile = profile
+        self._level: dict[str, float] = {}
+        self._shape: dict[tuple[str, int], float] = {}
+        self.overhead_per_forward = overhead_per_forward  # Python work around each forward (warp, verify)
+
+    def _shape_at(self, name: str, n: float) -> float:
+        lo = int(n)
+        frac = n - lo
+        s_lo = self._shape.get((name, lo), 1.0)
+        return s_lo if frac < 1e-9 else (1 - frac) * s_lo + frac * self._shape.get((name, lo + 1), 1.0)
+
+    def seconds(self, name: str, n: float) -> float:
+        if name == NGRAM_NAME:
+            return self.profile.ngram_seconds * self._level.get(name, 1.0)
+        base = self.profile.seconds(name, n)
+        return base * self._level.get(name, 1.0) * self._shape_at(name, n) + self.overhead_per_forward
+
+    def observe(self, name: str, n: int, seconds: float) -> None:
+        if name not in self.profile.tables and name != NGRAM_NAME:
+            return
+        base = self.profile.seconds(name, max(n, 1))
+        r = seconds / base if base > 0 else 1.0
+        shape = self._shape.get((name, n), 1.0) if name != NGRAM_NAME else 1.0
+        level = self._level.get(name, 1.0)
+        self._level[name] = level = level + self.ALPHA * (r / shape - level)
+        if name != NGRAM_NAME:
+            self._shape[(name, n)] = shape + self.SHAPE_ALPHA * (r / level - shape)
+            # Shapes average 1 over the sizes seen: a common factor belongs to the level
+            # (it then applies at every n), only the relative curve stays in the shapes.
+            keys = [k for k in self._shape if k[0] == name]
+            mean = sum(self._shape[k] for k in keys) / len(keys)
+            for k in keys:
+                self._shape[k] /= mean
+            self._level[name] *= mean
+
+    def snapshot(self) -> dict:
+        """The numbers predictions depend on; the router re-plans when they move enough."""
+        return {**self._level, **{f"{m}@{n}": v for (m, n), v in self._shape.items()},
+                "overhead": self.overhead_per_forward}
+
+    def set_overhead(self, seconds: float) -> None:
+        self.overhead_per_forward = seconds

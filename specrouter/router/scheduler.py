@@ -1,0 +1,477 @@
+"""The router: before every cycle, the chain and draft lengths with the least expected
+time per committed token, from the profiled costs and the acceptance estimates.
+
+Candidates: the target alone, and every subset of the draft models (in size order),
+each with or without the n-gram level at the bottom; per chain, draft lengths from a
+bounded grid (exhaustive up to 512 combinations, coordinate descent beyond).
+
+Cheap per cycle: draft lengths are searched again only when an input moved enough
+(an acceptance by > RATE_TOLERANCE, a cost by > COST_TOLERANCE), and then locally
+around the last optimum (a full search every FULL_SEARCH_EVERY re-plans). Every cycle
+adds each chain's one-time catch-up cost (a model that sat out must first feed what it
+missed, lazily) amortised over the tokens still to come, and compares. Hysteresis: the
+chain changes only when the new best is more than HYSTERESIS better than the current
+one, so it does not flap.
+
+Free observations: every model in a cycle computes its distribution at the cycle's
+context, so every pair of models in the chain is scored there, adjacent or not; the
+n-gram lookup (microseconds) runs in the shadow every cycle and is scored against the
+rows the models compute anyway, or against the target's output when it runs alone.
+
+Exploration: a chain whose pairs are barely observed is probed for one cycle when its
+optimistic prediction (acceptance + EXPLORE_BONUS / sqrt(count + 1)) would beat the
+current best, and only while the measured extra time of all probes stays within
+EXPLORE_FRACTION of generation time (elapsed plus expected remaining). The cap is what
+keeps `auto` within a few percent of the best static choice when nothing pays; the
+optimism is what lets it find a draft that does pay, and a chain that cannot win even
+optimistically is never probed (on a CPU where drafting loses, nothing is). A probe's
+cost is counted, not guessed: its cycle's time minus what the best chain would have
+spent on the same tokens. Any chain choice made before a cycle keeps the output exact
+(each cycle emits tokens distributed as the target's, whatever chain produced them).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specrouter.backends.base import Backend
+from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.cascade.chain import Chain, Level
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.router.acceptance import AcceptanceEstimator, pair_score
+from specrouter.router.predictor import ChainSpec, Prediction, predict
+from specrouter.router.profiler import OnlineCosts
+
+HYSTERESIS = 0.05
+EXPLORE_FRACTION = 0.03  # leaves room for auto >= 0.97x of the best static choice
+EXPLORE_BONUS = 0.5
+CONFIDENT = 48  # positions after which a pair is no longer probed
+DRAFT_GRID = tuple(range(1, 9))
+RATE_TOLERANCE = 0.04  # acceptance move that triggers a re-plan
+FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
+COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
+HORIZON = 256  # tokens over which a catch-up cost is amortised at most
+MAX_EXHAUSTIVE = 512
+MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
+
+
+@dataclass
+class Scored:
+    spec: ChainSpec
+    prediction: Prediction
+    catch_up: float = 0.0  # seconds the chain's models need to catch up before it runs
+    score: float = 0.0  # seconds per token, catch-up amortised
+
+    def as_dict(self) -> dict:
+        return {"chain": list(self.spec.names), "draft_lengths": list(self.spec.draft_lengths),
+                "predicted_ms_per_token": round(self.prediction.seconds_per_token * 1e3, 3),
+                "tokens_per_cycle": round(self.prediction.tokens_per_cycle, 3),
+                "catch_up_ms": round(self.catch_up * 1e3, 3),
+                "score_ms_per_token": round(self.score * 1e3, 3)}
+
+
+@dataclass
+class Decision:
+    cycle: int
+    position: int
+    chosen: ChainSpec
+    reason: str  # "start", "switch", "probe", "keep"
+    candidates: list[Scored]
+    inputs: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"cycle": self.cycle, "position": self.position, "chosen": str(self.chosen),
+                "reason": self.reason, "candidates": [c.as_dict() for c in self.candidates],
+                "inputs": self.inputs}
+
+
+class Router:
+    """Chooses a Chain before each cycle and learns from the cycle's observations."""
+
+    def __init__(
+        self,
+        target: Backend,
+        drafts: Sequence[Backend],
+        costs: OnlineCosts,
+        acceptance: AcceptanceEstimator | None = None,
+        use_ngram: bool = True,
+        draft_grid: Sequence[int] = DRAFT_GRID,
+        hysteresis: float = HYSTERESIS,
+        explore_fraction: float = EXPLORE_FRACTION,
+        message: str | None = None,
+    ) -> None:
+        self.target = target
+        self.drafts = sorted(drafts, key=lambda m: m.params_b)
+        self.models: list[Backend] = [*self.drafts, target]
+        self.ngram = NgramDrafter() if use_ngram else None
+        self.costs = costs
+        self.acceptance = acceptance or AcceptanceEstimator()
+        self.grid = tuple(draft_grid)
+        self.hysteresis, self.explore_fraction = hysteresis, explore_fraction
+        self.message = message  # why the candidate set is what it is (e.g. no shared tokenizer)
+        self.estimates_file: Path | None = None
+        self._levels: dict[str, Level] = {m.name: m for m in self.models}
+        if self.ngram:
+            self._levels[NGRAM_NAME] = self.ngram
+        self.chains = self._enumerate()
+        self.names = [NGRAM_NAME] * bool(self.ngram) + [m.name for m in self.models]
+        self._chain_objs: dict[ChainSpec, Chain] = {}
+        self._best: dict[tuple[str, ...], Scored] = {}
+        self._optimistic: dict[tuple[str, ...], Scored] = {}
+        self._plan_inputs = None
+        self._plan: dict = {}
+        self.replans = 0
+        self.elapsed = self.probe_spent = 0.0  # seconds of cycles (global), of which probes' extra
+        self.decisions: list[Decision] = []
+        self.current: ChainSpec | None = None
+        self._overhead = 0.0
+        self.start(SamplingParams())
+
+    # Candidates ------------------------------------------------------------------------
+    def _enumerate(self) -> list[tuple[str, ...]]:
+        out = []
+        names = [m.name for m in self.drafts]
+        for size in range(len(names) + 1):
+            for subset in itertools.combinations(names, size):
+                out.append((*subset, self.target.name))
+                if self.ngram:
+                    out.append((NGRAM_NAME, *subset, self.target.name))
+        return out
+
+    def chain_for(self, spec: ChainSpec) -> Chain:
+        chain = self._chain_objs.get(spec)
+        if chain is None:
+            chain = self._chain_objs[spec] = Chain([self._levels[n] for n in spec.names], list(spec.draft_lengths))
+        return chain
+
+    # Request lifecycle ----------------------------------------------------------------
+    def start(self, params: SamplingParams, prompt_tokens: int = 0, max_tokens: int = 0) -> None:
+        self.acceptance.start_request(params.greedy)
+        self.current = None
+        self._plan_inputs = None
+        self._cycle = 0
+        self._probe: tuple[ChainSpec, float] | None = None
+        self.decisions = []  # per request
+        self._best, self._optimistic = {}, {}  # a request's first plan is a full search
+        self._reset_cycle()
+
+    def _reset_cycle(self) -> None:
+        self._first_row: dict[str, object] = {}
+        self._ngram_x: list[int] | None = None  # the n-gram's proposal at the cycle's context
+        self._ngram_scored: set[str] = set()  # verifiers it was scored against this cycle
+        self._fwd_seconds = 0.0
+        self._fwd_count = 0
+
+    def finish(self) -> None:
+        """End of a request (nothing to release: estimates stay for the next one)."""
+
+    def save_estimates(self) -> None:
+        """Persist the global acceptance estimates (if a file was set): the next run starts informed."""
+        if self.estimates_file is not None:
+            self.acceptance.save(self.estimates_file)
+
+    # Decision ---------------------------------------------------------------------------
+    def _rate(self, j: str, i: str) -> float:
+        return self.acceptance.rate(j, i, self.names)
+
+    def _predict(self, spec: ChainSpec, optimistic: bool = False, room: int | None = None) -> Prediction:
+        """Prediction from the inputs frozen at the last re-plan (memoised across calls)."""
+        plan = self._plan
+        rates = plan["optimistic" if optimistic else "rates"]
+        return predict(spec, plan["cost"], lambda j, i: rates[(j, i)], lambda j, i: plan["fills"][(j, i)],
+                       room, plan["memo_opt" if optimistic else "memo"])
+
+    def _best_lengths(self, names: tuple[str, ...], optimistic: bool, room: int | None,
+                      start: tuple[int, ...] | None = None) -> Scored:
+        depth = len(names) - 1
+        if depth == 0:
+            spec = ChainSpec(names)
+            return Scored(spec, self._predict(spec, optimistic, room))
+        grid = self.grid
+        if room is not None:  # the target never takes more than room - 1 proposals
+            grid = tuple(k for k in grid if k < max(room, 2)) or (1,)
+        if start is not None and all(k in grid for k in start):
+            return self._local_search(names, optimistic, room, grid, start)
+        if len(grid) ** depth <= MAX_EXHAUSTIVE:
+            options = [ChainSpec(names, ks) for ks in itertools.product(grid, repeat=depth)]
+            best = min(options, key=lambda s: self._predict(s, optimistic, room).seconds_per_token)
+            return Scored(best, self._predict(best, optimistic, room))
+        ks = [grid[len(grid) // 2]] * depth  # coordinate descent from the middle of the grid
+        best_val = self._predict(ChainSpec(names, tuple(ks)), optimistic, room).seconds_per_token
+        for _ in range(4):
+            improved = False
+            for level in range(depth):
+                for k in grid:
+                    trial = ks.copy()
+                    trial[level] = k
+                    val = self._predict(ChainSpec(names, tuple(trial)), optimistic, room).seconds_per_token
+                    if val < best_val - 1e-12:
+                        ks, best_val, improved = trial, val, True
+            if not improved:
+                break
+        spec = ChainSpec(names, tuple(ks))
+        return Scored(spec, self._predict(spec, optimistic, room))
+
+    def _local_search(self, names, optimistic, room, grid, start) -> Scored:
+        """Neighbours (+-1 per level) of the last best lengths until none improves: after a
+        small move of the inputs the optimum moves little, at a tenth of a full search."""
+        def value(ks):
+            return self._predict(ChainSpec(names, ks), optimistic, room).seconds_per_token
+
+        ks, best = tuple(start), value(tuple(start))
+        improved = True
+        while improved:
+            improved = False
+            for level in range(len(ks)):
+                for step in (-1, 1):
+                    k = ks[level] + step
+                    if k in grid:
+                        trial = ks[:level] + (k,) + ks[level + 1 :]
+                        v = value(trial)
+                        if v < best - 1e-12:
+                            ks, best, improved = trial, v, True
+        spec = ChainSpec(names, ks)
+        return Scored(spec, self._predict(spec, optimistic, room))
+
+    def _inputs(self, room: int) -> dict:
+        pairs = list(itertools.permutations(self.names, 2))
+        rates = {(j, i): self._rate(j, i) for j, i in pairs}
+        optimistic = {(j, i): min(0.98, rates[(j, i)] + EXPLORE_BONUS / math.sqrt(self.acceptance.count(j, i) + 1))
+                      for j, i in pairs}
+        return {"rates": rates, "optimistic": optimistic,
+                "fills": {(j, i): self.acceptance.fill(j, i) for j, i in pairs},
+                "costs": self.costs.snapshot(), "room": min(room, max(self.grid) + 1)}
+
+    def _moved(self, old: dict | None, new: dict) -> bool:
+        """Re-plan only when an input moved enough to matter (timings jitter every cycle)."""
+        if old is None or old["room"] != new["room"] or old["costs"].keys() != new["costs"].keys():
+            return True
+        if any(abs(new["rates"][k] - v) > RATE_TOLERANCE for k, v in old["rates"].items()):
+            return True
+        if any(abs(new["fills"][k] - v) > 0.1 for k, v in old["fills"].items()):
+            return True
+        return any(abs(new["costs"][k] - v) > COST_TOLERANCE * max(abs(v), 1e-9) for k, v in old["costs"].items()
+                   if k != "overhead") or abs(new["costs"]["overhead"] - old["costs"]["overhead"]) > 5e-4
+
+    def _refresh(self, room: int) -> None:
+        inputs = self._inputs(room)
+        if not self._moved(self._plan_inputs, inputs):
+            return
+        self._plan_inputs = inputs
+        self.replans += 1
+        self._plan = {**inputs, "cost": functools.lru_cache(maxsize=None)(self.costs.seconds), "memo": {}, "memo_opt": {}}
+        r = room if room <= max(self.grid) else None
+        full = self.replans % FULL_SEARCH_EVERY == 1 or r is not None
+        previous, previous_opt = self._best, self._optimistic
+
+        def start(plans, names):
+            return None if full or names not in plans else plans[names].spec.draft_lengths
+
+        self._best = {names: self._best_lengths(names, False, r, start(previous, names)) for names in self.chains}
+        self._optimistic = {}
+        for names in self.chains:
+            pairs = list(zip(names, names[1:]))
+            if pairs and any(self.acceptance.count(j, i) < CONFIDENT for j, i in pairs):
+                self._optimistic[names] = self._best_lengths(names, True, r, start(previous_opt, names))
+
+    def _catch_up(self, spec: ChainSpec, position: int, cached: Mapping[str, int]) -> float:
+        total = 0.0
+        for name in spec.names[:-1]:  # the target is always caught up (it runs every cycle)
+            if name == NGRAM_NAME:
+                continue
+            extra = position - cached.get(name, 0) - 1  # the predictor already counts 1-2 tokens
+            if extra > 0:
+                total += self.costs.seconds(name, 1 + extra) - self.costs.seconds(name, 1)
+        return total
+
+    def _score(self, s: Scored, position: int, room: int, cached: Mapping[str, int]) -> Scored:
+        catch_up = self._catch_up(s.spec, position, cached)
+        horizon = max(1, min(room, HORIZON))
+        return Scored(s.spec, s.prediction, catch_up, s.prediction.seconds_per_token + catch_up / horizon)
+
+    def choose(self, position: int, room: int, cached: Mapping[str, int] | None = None,
+               context: Sequence[int] | None = None) -> Chain:
+        """The chain for the next cycle; `cached`: committed tokens each model's cache holds.
+
+        `context` is used for one thing: the n-gram lookup, which costs microseconds, is
+        done at every cycle in the shadow and scored against the rows the models compute
+        anyway, so the n-gram level is always observed (it wins on repetitive text)."""
+        cached = cached or {}
+        self._reset_cycle()
+        if self.ngram is not None and context is not None:
+            self._ngram_x = self.ngram.propose(context, max(self.grid))
+        self._cycle += 1
+        self._refresh(room)
+        r = room if room <= max(self.grid) else None
+        ranked = sorted((self._score(s, position, room, cached) for s in self._best.values()), key=lambda s: s.score)
+        best = ranked[0]
+        reason = "start"
+        chosen = best
+        if self.current is not None:
+            current = self._score(Scored(self.current, self._predict(self.current, room=r)), position, room, cached)
+            if best.spec != self.current and best.score < (1 - self.hysteresis) * current.score:
+                reason = "switch"
+            else:
+                chosen, reason = current, "keep"
+        # No probe while the target catches up (the first cycle prefills the prompt): that
+        # time is everyone's, and a probe's cost is measured as its cycle's excess.
+        target_ready = cached.get(self.target.name, 0) >= position - 1
+        probe = self._pick_probe(chosen, position, room, cached) if target_ready else None
+        if probe is not None:
+            self._probe = (probe.spec, chosen.prediction.seconds_per_token)
+            self._record(probe.spec, "probe", position, ranked, probe)
+            return self.chain_for(probe.spec)
+        self._probe = None
+        if reason != "keep" or not self.decisions:
+            self._record(chosen.spec, reason, position, ranked)
+        self.current = chosen.spec
+        return self.chain_for(chosen.spec)
+
+    def _pick_probe(self, chosen: Scored, position: int, room: int, cached: Mapping[str, int]) -> Scored | None:
+        best_rate = chosen.prediction.seconds_per_token
+        # Remaining time counted over at most HORIZON tokens: a request may end (EOS) long before max_tokens.
+        budget = self.explore_fraction * (self.elapsed + min(room, HORIZON) * best_rate) - self.probe_spent
+        options = []
+        for names, opt in self._optimistic.items():
+            if names == chosen.spec.names:
+                continue
+            scored = self._score(opt, position, room, cached)
+            if scored.score >= (1 - self.hysteresis) * chosen.score:
+                continue  # even optimism does not beat the current choice: nothing to learn
+            real = self._predict(opt.spec, room=room if room <= max(self.grid) else None)
+            extra = max(0.0, real.cycle_seconds - real.tokens_per_cycle * best_rate) + scored.catch_up
+            if extra <= budget:
+                options.append((scored.score, extra, scored))
+        return min(options, key=lambda o: o[:2])[2] if options else None
+
+    def _record(self, spec: ChainSpec, reason: str, position: int, ranked: list[Scored], probe: Scored | None = None) -> None:
+        if len(self.decisions) >= MAX_DECISIONS:
+            return
+        shown = ranked[:8] + ([probe] if probe is not None else [])
+        names = sorted({n for s in shown for n in s.spec.names}, key=self.names.index)
+        pairs = {f"{j}->{i}": {"rate": round(self._rate(j, i), 3), "count": round(self.acceptance.count(j, i), 1)}
+                 for j, i in itertools.combinations(names, 2)}
+        costs = {n: {str(k): round(self.costs.seconds(n, k) * 1e3, 3) for k in (1, 2, 4, 8)} for n in names if n != NGRAM_NAME}
+        inputs = {"acceptance": pairs, "cost_ms": costs, "mode": self.acceptance.mode,
+                  "overhead_ms_per_forward": round(self.costs.overhead_per_forward * 1e3, 3),
+                  "probe_budget_used_ms": round(self.probe_spent * 1e3, 3)}
+        self.decisions.append(Decision(self._cycle, position, spec, reason, shown, inputs))
+
+    # Observations (CycleRunner's observer protocol) ---------------------------------------
+    def on_forward(self, level: str, n_tokens: int, seconds: float) -> None:
+        self.costs.observe(level, n_tokens, seconds)
+        if level != NGRAM_NAME:
+            self._fwd_seconds += seconds
+            self._fwd_count += 1
+
+    def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int) -> None:
+        self.acceptance.observe(proposer, verifier, proposals, q, p, requested)
+        # Row 0 of each level's first call in a cycle is its distribution at the cycle's
+        # context: the same context for all levels, so non-adjacent pairs are observed for free.
+        if proposer != NGRAM_NAME and proposer not in self._first_row and q:
+            self._first_row[proposer] = q[0]
+        if proposer == NGRAM_NAME:
+            self._ngram_scored.add(verifier)
+        if verifier not in self._first_row and p:
+            self._first_row[verifier] = p[0]
+            if self._ngram_x is not None and proposer != NGRAM_NAME:
+                self._shadow_ngram(verifier, proposals, p)
+
+    def _shadow_ngram(self, verifier: str, proposals, p) -> None:
+        """Score the n-gram's proposal against the verifier's rows while their contexts agree
+        (row i follows the actual proposals[:i], valid for the n-gram while those equal its own)."""
+        greedy = self.acceptance.mode == "greedy"
+        x = self._ngram_x
+        scores = []
+        for i in range(min(len(x), len(p))):
+            scores.append(pair_score(x[i], None, p[i], greedy))
+            if i >= len(proposals) or proposals[i] != x[i]:
+                break
+        self.acceptance.observe_scores(NGRAM_NAME, verifier, scores or [0.0])
+        self._ngram_scored.add(verifier)
+
+    def _shadow_ngram_on_output(self, new_tokens: Sequence[int]) -> None:
+        """Target alone (no rows reported): the emitted tokens are draws from (greedy: the
+        argmax of) the target's p, so [emitted == n-gram's] has expectation p(x): an
+        unbiased, if noisier, acceptance score; scored while the contexts agree."""
+        x = self._ngram_x
+        scores = []
+        for i in range(min(len(x), len(new_tokens))):
+            scores.append(1.0 if x[i] == new_tokens[i] else 0.0)
+            if not scores[-1]:
+                break
+        self.acceptance.observe_scores(NGRAM_NAME, self.target.name, scores or [0.0])
+
+    def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
+        """After a cycle: what the target emitted and how long the cycle took."""
+        committed = len(new_tokens)
+        if self._ngram_x is not None and self.target.name not in self._ngram_scored:
+            self._shadow_ngram_on_output(new_tokens)
+        self.elapsed += seconds
+        if self._probe is not None:
+            spec, best_rate = self._probe
+            self.probe_spent += max(0.0, seconds - committed * best_rate)
+        if self._fwd_count:
+            overhead = max(0.0, (seconds - self._fwd_seconds) / self._fwd_count)
+            self._overhead += 0.2 * (overhead - self._overhead)
+            self.costs.set_overhead(self._overhead)
+        self._shadow_pairs()
+
+    def _shadow_pairs(self) -> None:
+        greedy = self.acceptance.mode == "greedy"
+        spec = self._probe[0] if self._probe else self.current
+        if spec is None:
+            return
+        names = spec.names
+        adjacent = set(zip(names, names[1:]))
+        for j, i in itertools.combinations(names, 2):
+            if (j, i) in adjacent or j not in self._first_row or i not in self._first_row:
+                continue  # (the n-gram is scored in on_verify)
+            row = self._first_row[j]
+            score = pair_score(row, None, self._first_row[i], True) if greedy else pair_score(0, row, self._first_row[i], False)
+            self.acceptance.observe_scores(j, i, [score])
+
+
+def sharing_drafts(target: Backend, models: Sequence[Backend]) -> tuple[list[Backend], list[str]]:
+    """The models smaller than the target that share its tokenizer, and why others were left out."""
+    from specrouter.errors import TokenizerMismatchError
+    from specrouter.vocab import check_shared_tokenizer
+
+    drafts, skipped = [], []
+    for model in models:
+        if model is target or model.name == target.name:
+            continue
+        if model.params_b >= target.params_b:
+            skipped.append(f"{model.name} (not smaller than the target)")
+            continue
+        try:
+            check_shared_tokenizer([model, target])
+        except TokenizerMismatchError:
+            skipped.append(f"{model.name} (another tokenizer)")
+            continue
+        drafts.append(model)
+    return drafts, skipped
+
+
+def build_router(target: Backend, models: Sequence[Backend],
+                 costs: OnlineCosts | Callable[[list[Backend]], OnlineCosts],
+                 acceptance: AcceptanceEstimator | None = None, **kw) -> Router:
+    """A Router over the target, the given models that can draft for it, and the n-gram level.
+    `costs` may be a function of the models kept (so only those get profiled).
+    With no model sharing the target's tokenizer it says so: only the target alone and
+    the n-gram level (model-free, it shares any tokenizer) remain."""
+    drafts, skipped = sharing_drafts(target, models)
+    if not isinstance(costs, OnlineCosts):
+        costs = costs([*drafts, target])
+    message = None
+    if not drafts:
+        message = (f"no draft model shares the tokenizer of {target.name}"
+                   + (f" (left out: {', '.join(skipped)})" if skipped else "")
+                   + f": falling back to {target.name} alone (and the n-gram drafter where it pays)")
+    elif skipped:
+        message = f"left out of routing: {', '.join(skipped)}"
+    return Router(target, drafts, costs, acceptance, message=message, **kw)

@@ -1,0 +1,74 @@
+"""CLI flags of the router (no models needed: these fail before anything is loaded)."""
+
+import pytest
+from click.testing import CliRunner
+
+from specrouter.cli import DEFAULT_CHAIN, main
+
+
+def test_auto_is_the_default_chain():
+    assert DEFAULT_CHAIN == "auto"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompt", "x", "--draft-lengths", "3"], "--draft-lengths needs an explicit --chain"),
+        (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--target", "qwen2.5-coder-1.5b"],
+         "--target and --explain work with --chain auto"),
+        (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--explain"], "--target and --explain work with --chain auto"),
+        (["--prompt", "x", "--target", "no-such-model"], "unknown model 'no-such-model'"),
+    ],
+)
+def test_router_flags_fail_with_one_clear_line(args, message):
+    result = CliRunner().invoke(main, ["generate", *args])
+    assert result.exit_code == 2
+    assert f"error: {message}" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_profile_refuses_bad_input():
+    result = CliRunner().invoke(main, ["profile", "--repeats", "0"])
+    assert result.exit_code == 2 and "error: --repeats must be >= 1, got 0" in result.output
+    result = CliRunner().invoke(main, ["profile", "--models", "no-such-model"])
+    assert result.exit_code == 2 and "error: unknown model 'no-such-model'" in result.output
+
+
+def test_explain_lists_decisions_candidates_and_inputs():
+    from specrouter.cascade.sampling import SamplingParams
+    from specrouter.cli import _explain
+
+    from .router_synth import family, make_router, seconds_per_token
+
+    target, mid, small = family()
+    _, result = seconds_per_token(make_router(target, [small, mid]), [target, mid, small], SamplingParams(), 60)
+    text = _explain(result)
+    assert text.startswith(f"-- router: {len(result.decisions)} decisions over {result.cycles} cycles")
+    assert "cycle 1 (position 5):" in text and "pred ms/tok" in text
+    assert "acceptance (greedy): " in text and "cost ms target: t(1)=54.0" in text
+    assert "cycles: " in text
+
+
+def test_auto_router_targets_the_largest_candidate_and_keeps_estimates_between_runs(tmp_path):
+    from specrouter.cascade.sampling import SamplingParams
+    from specrouter.router import auto_router
+
+    from .router_synth import family, seconds_per_token
+
+    target, mid, small = family()
+    for m in (target, mid, small):
+        m.path = tmp_path / f"{m.name}.gguf"
+        m.path.write_bytes(m.name.encode())
+
+    class FakePool:
+        def level(self, name):
+            return {m.name: m for m in (target, mid, small)}[name]
+
+    (tmp_path / "acceptance.json").write_text("{broken")  # damaged estimates: start from priors
+    router = auto_router(FakePool(), None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False)
+    assert router.target is target and router.drafts == [small, mid] and router.message is None
+    seconds_per_token(router, [target, mid, small], SamplingParams(), 40)
+    router.save_estimates()
+    again = auto_router(FakePool(), None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False)
+    learned = {k for k, e in router.acceptance.global_.items() if e.count}
+    assert learned and {k for k, e in again.acceptance.global_.items() if e.count} == learned

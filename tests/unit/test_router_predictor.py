@@ -1,0 +1,116 @@
+"""Predictor (expected seconds per committed token) and acceptance estimator."""
+
+import numpy as np
+import pytest
+
+from specrouter.backends.ngram import NgramDrafter
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine import generate
+from specrouter.router.acceptance import AcceptanceEstimator, pair_score, position_scores
+from specrouter.router.predictor import ChainSpec, closed_form_two_level, expected_tokens, predict
+
+from .router_synth import PROMPT, ScriptedRouter, family, simulated_clock
+
+
+def test_expected_tokens_per_block():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.8, 4) == pytest.approx((1 - 0.8**5) / 0.2)
+
+
+@pytest.mark.parametrize(("a", "k"), [(0.5, 1), (0.8, 4), (0.9, 8), (0.3, 3)])
+def test_two_levels_match_the_closed_form(a, k):
+    # A draft whose cost does not depend on n: its catch-up token is free, so the
+    # engine-exact prediction must equal the textbook formula.
+    t_draft, t_target = (lambda n: 0.01), (lambda n: 0.05 + 0.004 * n)
+    costs = {"d": t_draft, "t": t_target}
+    p = predict(ChainSpec(("d", "t"), (k,)), lambda name, n: costs[name](n), lambda j, i: a)
+    assert p.seconds_per_token == pytest.approx(closed_form_two_level(a, k, t_draft, t_target))
+
+
+def test_target_alone_and_the_last_token():
+    cost = lambda name, n: 0.05 + 0.01 * n  # noqa: E731
+    assert predict(ChainSpec(("t",)), cost, lambda j, i: 0.9).seconds_per_token == pytest.approx(0.06)
+    # With room for one token the target takes no proposals: it runs alone.
+    assert predict(ChainSpec(("d", "t"), (4,)), cost, lambda j, i: 0.9, room=1).seconds_per_token == pytest.approx(0.06)
+
+
+def test_a_middle_level_runs_blocks_until_it_has_its_draft_length():
+    # Perfect acceptance: level 1 needs ceil(n / (k + 1)) blocks of k proposals (truncated).
+    costs = {"d": 0.001, "m": 0.01, "t": 0.1}
+    p = predict(ChainSpec(("d", "m", "t"), (2, 6)), lambda name, n: costs[name] * n, lambda j, i: 1.0)
+    # mid: blocks of 2 proposals give 3 tokens -> 2 blocks for 6 tokens, each feeding 3 (+1 catch-up in the first)
+    draft = 2 * (1 * 0.001 + 1 * 0.001 * 2)  # per block: 1 forward of 1 token, then 1 of 2 (catch-up)
+    mid = 0.01 * (3 + 1) + 0.01 * 3
+    target = 0.1 * 7
+    assert p.tokens_per_cycle == pytest.approx(7.0)
+    assert p.cycle_seconds == pytest.approx(draft + mid + target)
+
+
+class _Observer(ScriptedRouter):
+    """Plain means over the whole run (the router's own estimates weigh recent data more)."""
+
+    def __init__(self, target, chain, greedy):
+        super().__init__(target, [chain])
+        self.greedy = greedy
+        self.scores, self.fills = {}, {}
+
+    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested):
+        pair = (proposer, verifier)
+        self.scores.setdefault(pair, []).extend(position_scores(proposals, q, p, self.greedy, requested))
+        self.fills.setdefault(pair, []).append(len(proposals) / requested)
+
+    def rate(self, proposer, verifier):
+        return float(np.mean(self.scores[(proposer, verifier)]))
+
+    def fill(self, proposer, verifier):
+        return float(np.mean(self.fills[(proposer, verifier)]))
+
+
+@pytest.mark.parametrize(("levels", "lengths"), [
+    ("small", [4]), ("mid", [6]), ("small,mid", [2, 4]), ("ngram,small,mid", [2, 2, 3]), ("ngram,small", [2, 5]),
+])
+def test_prediction_matches_simulated_time_per_token(levels, lengths):
+    """Under sampling, the prediction from measured acceptance is within 10% of what the
+    synthetic models' simulated clocks show (the i.i.d. model is an approximation)."""
+    target, mid, small = family()
+    by_name = {"ngram": NgramDrafter(), "small": small, "mid": mid}
+    chain = Chain([by_name[n] for n in levels.split(",")] + [target], lengths)
+    observer = _Observer(target, chain, greedy=False)
+    models = [target, mid, small]
+    clock = simulated_clock(models)
+    before = clock()
+    r = generate(observer, PROMPT, SamplingParams(temperature=1.0), 1500, rng=np.random.default_rng(1), clock=clock)
+    measured = (clock() - before) / len(r.token_ids)
+    costs = {m.name: m.latency for m in models}
+    predicted = predict(ChainSpec(tuple(chain.names), tuple(lengths)),
+                        lambda name, n: 0.0 if name == "ngram" else costs[name](n),
+                        observer.rate, observer.fill).seconds_per_token
+    assert predicted == pytest.approx(measured, rel=0.10)
+
+
+def test_acceptance_scores():
+    p = np.array([0.5, 0.3, 0.2])
+    q = np.array([0.2, 0.3, 0.5])
+    assert pair_score(0, q, p, greedy=False) == pytest.approx(0.2 + 0.3 + 0.2)  # 1 - TV
+    assert pair_score(1, None, p, greedy=False) == pytest.approx(0.3)  # one-hot q: p(x)
+    assert pair_score(2, None, 2, greedy=True) == 1.0 and pair_score(2, None, 0, greedy=True) == 0.0
+    assert pair_score(0, q, np.array([0.5, 0.3, 0.2, 0.0]), greedy=False) == pytest.approx(0.7)  # padded vocab
+
+
+def test_acceptance_estimates_shrink_per_request_toward_global_and_use_triangle_priors():
+    est = AcceptanceEstimator(default=0.4, shrink=16)
+    est.start_request(greedy=True)
+    assert est.rate("a", "c") == 0.4  # nothing known: the default prior
+    est.observe("a", "b", [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1, 1], requested=4)
+    est.observe("b", "c", [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 1, 1], requested=4)
+    assert est.rate("a", "b") == 1.0 and est.rate("b", "c") == pytest.approx(0.75)
+    assert est.prior("a", "c", ["a", "b", "c"]) == pytest.approx(0.75)  # a_ac >= a_ab + a_bc - 1
+    est.start_request(greedy=True)  # a new request starts from the global estimate ...
+    assert est.rate("b", "c") == pytest.approx(0.75)
+    est.observe("b", "c", [1] * 16, [1] * 16, [0] * 17, requested=16)  # ... and moves to its own data
+    assert est.rate("b", "c") == pytest.approx(0.5 * 0.0 + 0.5 * est.global_[("greedy", "b", "c")].mean)
+    # An n-gram that found nothing counts one rejection at the first missing position.
+    est.observe("ngram", "c", [], None, [1], requested=4)
+    assert est.rate("ngram", "c") == 0.0 and est.fill("ngram", "c") == 0.0

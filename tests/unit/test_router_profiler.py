@@ -1,0 +1,73 @@
+"""Cost profile: measurement with a cached prefix, interpolation, the JSON cache, online EMA."""
+
+import json
+import warnings
+
+import pytest
+
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.router.profiler import PROFILE_NS, CostProfile, OnlineCosts, interpolate, load_or_profile, profile_model
+
+from .router_synth import linear
+
+
+def model(tmp_path, name="m"):
+    m = SyntheticBackend(name, latency=linear(0.01, 0.002))
+    m.path = tmp_path / f"{name}.gguf"  # the cache key reads the file's size and mtime
+    m.path.write_bytes(b"GGUF fake weights")
+    m.n_threads = 2
+    return m
+
+
+def test_profile_measures_forward_over_n_tokens_after_a_prefix():
+    m = SyntheticBackend("m", latency=linear(0.01, 0.002))
+    table = profile_model(m, ns=(1, 4, 16), repeats=3, clock=lambda: m.simulated_seconds)
+    assert table == pytest.approx({1: 0.012, 4: 0.018, 16: 0.042})
+    assert m._kv == {}  # the profiling sequence is released
+
+
+def test_interpolation_is_linear_between_and_beyond_measured_sizes():
+    table = {1: 1.0, 2: 2.0, 4: 3.0, 8: 7.0}
+    assert interpolate(table, 3) == pytest.approx(2.5)
+    assert interpolate(table, 6) == pytest.approx(5.0)
+    assert interpolate(table, 16) == pytest.approx(15.0)  # slope of the last segment
+    assert interpolate(table, 1.5) == pytest.approx(1.5)  # fractional sizes (expected tokens fed)
+
+
+def test_profile_cache_is_reused_then_refreshed_when_stale(tmp_path):
+    m = model(tmp_path)
+    clock = lambda: m.simulated_seconds  # noqa: E731
+    first = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
+    assert set(first.tables["m"]) == set(PROFILE_NS)
+    calls = m.decode_calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a valid cache is read silently
+        again = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
+    assert m.decode_calls == calls and again.tables == first.tables
+    m.n_threads = 1  # another thread count times differently: the cached profile is stale
+    with pytest.warns(UserWarning, match=r"stale \(n_threads changed\): re-profiling"):
+        load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
+    assert m.decode_calls > calls
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": 1, "key": {}, "table": {"1": -3}}', "[]", ""])
+def test_corrupt_profile_cache_is_reprofiled_with_a_warning(tmp_path, content):
+    m = model(tmp_path)
+    clock = lambda: m.simulated_seconds  # noqa: E731
+    load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
+    file = tmp_path / "profiles" / "m.json"
+    file.write_text(content)
+    with pytest.warns(UserWarning, match="is corrupt .*: re-profiling"):
+        profile = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
+    assert profile.seconds("m", 1) == pytest.approx(0.012)
+    assert json.loads(file.read_text())["table"]["1"] == pytest.approx(0.012)  # repaired on disk
+
+
+def test_online_costs_follow_a_slowdown_at_every_size():
+    costs = OnlineCosts(CostProfile({"m": {1: 0.01, 8: 0.03}}))
+    for _ in range(10):
+        costs.observe("m", 1, 0.03)  # three times slower at n = 1 ...
+    assert costs.seconds("m", 1) == pytest.approx(0.03, rel=0.05)
+    assert costs.seconds("m", 8) == pytest.approx(0.09, rel=0.05)  # ... and seen at n = 8 too
+    costs.observe("m", 8, 0.03)  # one observation moves an estimate by ALPHA only
+    assert 0.03 < costs.seconds("m", 8) < 0.09

@@ -1,0 +1,200 @@
+"""The router's choices on synthetic models with set costs and acceptances (simulated time only)."""
+
+import itertools
+
+import pytest
+
+from specrouter.backends.ngram import NgramDrafter
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.router import AcceptanceEstimator, OnlineCosts
+from specrouter.router.predictor import ChainSpec, closed_form_two_level, predict
+from specrouter.router.scheduler import build_router
+
+from .router_synth import (PROMPT, family, linear, make_router, profiled, seconds_per_token, simulated_clock,
+                           static_chains)
+
+SAMPLED = SamplingParams(temperature=1.0)
+GREEDY = SamplingParams()
+#: After a draft's cost changes, the router runs the new optimum within this many cycles: every
+#: forward of the draft is a timing, and the cost EMA moves by 30% of the change per forward.
+SWITCH_AFTER_COST_CHANGE = 2
+#: After a draft's acceptance changes, within this many: at draft length 1 a cycle verifies a
+#: single position, and it takes several to tell a real drop from bad luck.
+SWITCH_AFTER_ACCEPTANCE_CHANGE = 10
+
+
+def seeded_router(target, drafts, rates: dict, use_ngram=False):
+    router = make_router(target, drafts, use_ngram=use_ngram)
+    for (j, i), a in rates.items():
+        router.acceptance.set_global(j, i, a, count=1000, mode="greedy")
+    return router
+
+
+def caught_up(router):
+    return {m.name: len(PROMPT) for m in router.models}
+
+
+@pytest.mark.parametrize(("a", "draft_cost"), [(0.8, 0.01), (0.95, 0.005), (0.6, 0.002), (0.7, 0.02)])
+def test_picks_the_analytically_optimal_draft_length(a, draft_cost):
+    target = SyntheticBackend("t", latency=linear(0.05, 0.004), params_b=7)
+    draft = SyntheticBackend("d", latency=lambda n: draft_cost, params_b=1)  # flat: the closed form is exact
+    router = seeded_router(target, [draft], {("d", "t"): a})
+    chosen = router.choose(len(PROMPT), 1000, caught_up(router), PROMPT)
+    per_k = {k: closed_form_two_level(a, k, draft.latency, target.latency) for k in range(1, 9)}
+    k_best = min(per_k, key=per_k.get)
+    if per_k[k_best] < target.latency(1):
+        assert (chosen.names, chosen.draft_lengths) == (["d", "t"], [k_best])
+    else:
+        assert chosen.names == ["t"]  # nothing pays: the target alone
+
+
+def test_falls_back_to_the_target_alone_when_drafting_does_not_pay():
+    # CPU-like costs (reference notes: 1.5B t(1) 59 ms, t(5) ~190 ms; 0.5B t(1) 28 ms) at a = 0.81.
+    target = SyntheticBackend("t", latency=lambda n: {1: 0.059, 2: 0.106, 4: 0.169, 8: 0.432}.get(n, 0.059 + 0.047 * (n - 1)))
+    draft = SyntheticBackend("d", latency=lambda n: 0.028 + 0.021 * (n - 1), params_b=0.5)
+    router = seeded_router(target, [draft], {("d", "t"): 0.81})
+    assert router.choose(len(PROMPT), 1000, caught_up(router), PROMPT).names == ["t"]
+
+
+def test_search_finds_the_argmin_over_all_chains_and_draft_lengths():
+    target, mid, small = family()
+    rates = {("small", "mid"): 0.75, ("mid", "target"): 0.85, ("small", "target"): 0.7,
+             ("ngram", "small"): 0.3, ("ngram", "mid"): 0.3, ("ngram", "target"): 0.3}
+    router = seeded_router(target, [small, mid], rates, use_ngram=True)
+    chosen = router.choose(len(PROMPT), 1000, caught_up(router), PROMPT)
+    costs = {m.name: m.latency for m in (target, mid, small)}
+    cost = lambda name, n: router.costs.profile.ngram_seconds if name == "ngram" else costs[name](n)  # noqa: E731
+    best = min((ChainSpec(names, ks) for names in router.chains
+                for ks in itertools.product(range(1, 9), repeat=len(names) - 1)),
+               key=lambda s: predict(s, cost, lambda j, i: rates[(j, i)]).seconds_per_token)
+    assert (tuple(chosen.names), tuple(chosen.draft_lengths)) == (best.names, best.draft_lengths)
+
+
+def test_catch_up_cost_keeps_a_long_idle_draft_out_near_the_end():
+    target = SyntheticBackend("t", latency=linear(0.05, 0.004), params_b=7)
+    draft = SyntheticBackend("d", latency=linear(0.002, 0.001), params_b=1)
+    router = seeded_router(target, [draft], {("d", "t"): 0.8})
+    assert router.choose(1000, 500, {"t": 1000, "d": 1000}, PROMPT).names == ["d", "t"]
+    router.start(GREEDY)
+    # The draft missed 1000 tokens (~1 s to catch up): not worth it for 10 more tokens.
+    assert router.choose(1000, 10, {"t": 1000, "d": 0}, PROMPT).names == ["t"]
+
+
+def _switch_cycle(result, first_cycle, still_using):
+    """Index of the first cycle from first_cycle on after which no chain satisfies still_using."""
+    used = [result.chains_used[i][0] for i in result.chains_per_cycle]
+    for c in range(first_cycle, len(used)):
+        if not any(still_using(names) for names in used[c:]):
+            return c
+    return None
+
+
+def test_switches_away_from_a_draft_that_slows_down_mid_generation():
+    target, _, small = family()
+    router = make_router(target, [small], use_ngram=False)
+    change_at = 40
+    original = router.choose
+
+    def choose(*args):
+        if router._cycle == change_at:
+            small.latency = linear(0.06, 0.01)  # now slower than the target itself
+        return original(*args)
+
+    router.choose = choose
+    _, result = seconds_per_token(router, [target, small], SAMPLED, 400, seed=3)
+    used = [result.chains_used[i][0] for i in result.chains_per_cycle]
+    assert all("small" in names for names in used[change_at - 10 : change_at])  # drafting paid before
+    switched = _switch_cycle(result, change_at, lambda names: "small" in names)
+    assert switched is not None and switched - change_at <= SWITCH_AFTER_COST_CHANGE
+    assert used[switched] == ["target"]  # the new optimum: a draft slower than the target cannot pay
+
+
+@pytest.mark.parametrize("params", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
+def test_switches_when_a_drafts_acceptance_drops_mid_generation(params):
+    target, _, small = family()
+    small.latency = linear(0.015, 0.001)  # pays at acceptance 0.7, not below ~0.4
+    router = make_router(target, [small], use_ngram=False)
+    change_at = 40
+    original = router.choose
+
+    def choose(*args):
+        if router._cycle == change_at:
+            small.noise = 40.0  # the draft now disagrees with the target (1 - TV ~ 0.03)
+            small._memo.clear()
+        return original(*args)
+
+    router.choose = choose
+    _, result = seconds_per_token(router, [target, small], params, 400, seed=4)
+    used = [result.chains_used[i][0] for i in result.chains_per_cycle]
+    assert all("small" in names for names in used[change_at - 10 : change_at])
+    switched = _switch_cycle(result, change_at, lambda names: "small" in names)
+    assert switched is not None and switched - change_at <= SWITCH_AFTER_ACCEPTANCE_CHANGE
+    assert used[switched] == ["target"]
+
+
+def _mean_seconds_per_token(chain_or_router, models, params, tokens, seeds):
+    seconds = count = 0.0
+    for seed in seeds:
+        per_token, result = seconds_per_token(chain_or_router, models, params, tokens, seed=seed)
+        seconds += per_token * len(result.token_ids)
+        count += len(result.token_ids)
+    return seconds / count
+
+
+@pytest.mark.parametrize("params", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
+def test_long_run_throughput_is_within_5_percent_of_the_best_static_chain(params):
+    """Simulated seconds per token of auto over a long run (8 requests of 500 tokens, one
+    router, as a server would keep it) against the best static chain: a sweep of every
+    chain and draft lengths picks three finalists, which run the same 8 requests (one
+    sweep run per chain is too noisy to compare with: its minimum is biased low)."""
+    target, _, small = family()
+    models = [target, small]
+    by_name = {"ngram": NgramDrafter(), "small": small, "target": target}
+    chains = list(static_chains(by_name, [("target",), ("ngram", "target"), ("small", "target")]))
+    chains += list(static_chains(by_name, [("ngram", "small", "target")], grid=range(1, 3)))
+    finalists = sorted(chains, key=lambda c: seconds_per_token(c, models, params, 200, seed=0)[0])[:3]
+    seeds = range(1, 9)
+    auto = _mean_seconds_per_token(make_router(target, [small]), models, params, 500, seeds)
+    best = min(_mean_seconds_per_token(c, models, params, 500, seeds) for c in finalists)
+    assert best / auto >= 0.95, f"auto {auto * 1e3:.2f} ms/token vs best static {best * 1e3:.2f}"
+
+
+def test_hysteresis_keeps_the_chain_stable_in_a_steady_workload():
+    target, mid, small = family()
+    router = make_router(target, [small, mid])
+    _, result = seconds_per_token(router, [target, mid, small], SAMPLED, 600, seed=6)
+    switches = [d for d in result.decisions if d["reason"] == "switch"]
+    assert len(switches) <= 0.05 * result.cycles, [d["chosen"] for d in switches]
+
+
+def test_decisions_are_recorded_for_explain():
+    target, mid, small = family()
+    _, result = seconds_per_token(make_router(target, [small, mid]), [target, mid, small], SAMPLED, 100)
+    first = result.decisions[0]
+    assert first["cycle"] == 1 and first["reason"] in ("start", "probe")
+    assert first["candidates"][0]["predicted_ms_per_token"] > 0
+    assert "small->target" in first["inputs"]["acceptance"] and "target" in first["inputs"]["cost_ms"]
+    data = result.as_dict()
+    assert len(data["chains_per_cycle"]) == result.cycles
+    assert {tuple(c["chain"]) for c in data["chains_used"]} >= {tuple(result.chain)}
+    # levels aggregate per model over all chains: every cycle ran the target once
+    assert data["levels"][-1]["name"] == "target" and data["levels"][-1]["forwards"] == result.cycles
+
+
+class _OtherTokenizer(SyntheticBackend):
+    def token_bytes(self, token: int) -> bytes:
+        return chr(ord("A") + token).encode()
+
+
+def test_no_draft_sharing_the_tokenizer_falls_back_to_the_target_alone_and_says_so():
+    target = SyntheticBackend("target", latency=linear(0.05, 0.004), params_b=7)
+    foreign = _OtherTokenizer("foreign", model_seed=2, latency=linear(0.001, 0.0), params_b=0.1)
+    bigger = SyntheticBackend("bigger", params_b=70)
+    router = build_router(target, [foreign, bigger], lambda models: OnlineCosts(profiled(models)), AcceptanceEstimator())
+    assert router.drafts == []
+    assert "no draft model shares the tokenizer of target" in router.message
+    assert "foreign (another tokenizer)" in router.message and "bigger (not smaller than the target)" in router.message
+    _, result = seconds_per_token(router, [target, foreign], GREEDY, 50)
+    assert {n for names, _ in result.chains_used for n in names} <= {"ngram", "target"}
+    assert foreign.decode_calls == 0
