@@ -1,4 +1,4 @@
-"""Fixed chains against the target alone, side by side in one run.
+"""Fixed chains and `auto` against the target alone, side by side in one run.
 
     python -m benchmarks.chains [--per-dataset 10] [--max-tokens 128]
 
@@ -27,6 +27,7 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.engine import generate
 from specrouter.pool import Pool
+from specrouter.router import auto_router
 
 SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 METHODS = {
@@ -69,6 +70,8 @@ def run(per_dataset: int, max_tokens: int) -> dict:
     for p in load("gsm8k", per_dataset):
         prompts.append((p.dataset, p.id, chat_prompt_tokens(target, [{"role": "user", "content": p.text}])))
     chains = {m: pool.chain(specs, lengths) for m, (specs, lengths) in METHODS.items()}
+    # One router for the whole run, as a server would keep it: its estimates carry over.
+    chains["auto"] = auto_router(pool, TARGET, [SMALL, TARGET], progress=False)
 
     costs = forward_costs(pool)
     runs = []
@@ -79,6 +82,8 @@ def run(per_dataset: int, max_tokens: int) -> dict:
             if reference is None:
                 reference = r.token_ids
             levels = r.levels
+            if method == "auto":  # per-level numbers of a routed run mix chains: report its choice
+                levels = []
             runs.append({
                 "dataset": dataset,
                 "prompt": pid,
@@ -94,10 +99,12 @@ def run(per_dataset: int, max_tokens: int) -> dict:
                     for i in range(len(levels) - 1)
                 ],
                 "acceptance": [s.acceptance for s in levels[:-1]],
+                "chains_used": [" -> ".join(c) for c, _ in r.chains_used],
             })
     pool.close()
     return {"machine": machine_info(), "max_tokens": max_tokens, "per_dataset": per_dataset,
-            "methods": {m: {"chain": s, "draft_lengths": k} for m, (s, k) in METHODS.items()},
+            "methods": {**{m: {"chain": s, "draft_lengths": k} for m, (s, k) in METHODS.items()},
+                        "auto": {"chain": "auto", "draft_lengths": "chosen per cycle"}},
             "forward_ms": costs, "runs": runs, "summary": summarise(runs)}
 
 
@@ -115,6 +122,7 @@ def summarise(runs: list[dict]) -> dict:
                 "mean_accepted_per_block": [round(float(np.mean([r["accepted_per_block"][i] for r in rows])), 2)
                                             for i in range(depth)],
                 "identical_outputs": f"{sum(r['same_as_target'] for r in rows)}/{len(rows)}",
+                "chains_used": sorted({c for r in rows for c in r["chains_used"]}),
             }
     return by
 
@@ -129,13 +137,13 @@ def markdown(result: dict) -> str:
         f"{result['per_dataset']} HumanEval + {result['per_dataset']} GSM8K prompts, one run each, "
         "methods interleaved per prompt.",
         "",
-        "| method | dataset | median tok/s | median ratio to target | mean accepted per block (per level) | greedy output = target |",
-        "|---|---|---|---|---|---|",
+        "| method | dataset | median tok/s | median ratio to target | mean accepted per block (per level) | greedy output = target | chains run |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, s in result["summary"].items():
         method, dataset = key.split(" | ")
         lines.append(f"| {method} | {dataset} | {s['median_tokens_per_second']} | {s['median_ratio_to_target']} | "
-                     f"{s['mean_accepted_per_block']} | {s['identical_outputs']} |")
+                     f"{s['mean_accepted_per_block']} | {s['identical_outputs']} | {'; '.join(s['chains_used'])} |")
     ks = list(next(iter(result["forward_ms"].values())))
     lines += ["", "Cost of one forward over k tokens (ms, median of 5, cached 64-token prefix):", "",
               "| model | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]

@@ -60,7 +60,8 @@ _cache_option = click.option(
 @click.option("--chain", default=DEFAULT_CHAIN, show_default=True,
               help="'auto' (routed per cycle), or comma-separated levels, cheapest first, target last: "
                    "pool names, .gguf paths or 'ngram'.")
-@click.option("--target", help="With --chain auto: the target model (default: the largest pulled pool model).")
+@click.option("--target", "--model", "target",
+              help="With --chain auto: the target model, a pool name or a .gguf path (default: the largest pulled pool model).")
 @click.option("--explain", is_flag=True, help="With --chain auto: print the router's decisions to stderr.")
 @click.option("--draft-lengths", help="Comma-separated tokens each non-target level proposes per block (default 4 each).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
