@@ -13,6 +13,8 @@ from specrouter.models import is_pulled
 from specrouter.pool import Pool
 
 SMALL, TARGET, SMOL = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "smollm2-135m"
+#: Length of the greedy reference outputs of the 1.5B alone (8 prompts).
+REFERENCE_TOKENS = 48
 
 
 def pytest_collection_modifyitems(items):
@@ -32,3 +34,11 @@ def pool():
     p = Pool(n_ctx=2048, n_seq_max=4)
     yield p
     p.close()
+
+
+@pytest.fixture(scope="session")
+def references(pool):
+    """The 1.5B alone, greedy, on 4 HumanEval and 4 GSM8K prompts: what every chain must match."""
+    from .greedy_check import benchmark_prompts, reference_outputs
+
+    return reference_outputs(pool.chain([TARGET]), benchmark_prompts(pool.level(TARGET), 4), REFERENCE_TOKENS)

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from specrouter.models import DEFAULT_POOL, model_path
 

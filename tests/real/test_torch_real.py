@@ -17,17 +17,15 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from benchmarks.prompts import load  # noqa: E402
 from specrouter.cascade.chain import CycleRunner  # noqa: E402
 from specrouter.cascade.sampling import SamplingParams  # noqa: E402
 from specrouter.chat import chat_prompt_tokens  # noqa: E402
 from specrouter.convert import converted_dir, is_converted  # noqa: E402
-from specrouter.engine import generate  # noqa: E402
 from specrouter.state import SequenceState  # noqa: E402
 from specrouter.vocab import check_shared_tokenizer, vocab_texts  # noqa: E402
 
 from .conftest import SMALL, TARGET  # noqa: E402
-from .test_greedy_equality import NEAR_TIE  # noqa: E402
+from .greedy_check import assert_matches_references, benchmark_prompts, reference_outputs  # noqa: E402
 
 T_SMALL, T_TARGET = f"{SMALL}:torch-fp32", f"{TARGET}:torch-fp32"
 MAX_TOKENS = 24
@@ -64,52 +62,17 @@ def test_converted_models_share_the_tokenizer_of_their_gguf(tpool):
     assert chat_prompt_tokens(torch_model, messages) == chat_prompt_tokens(llama, messages)
 
 
-def prompts(pool):
-    target = pool.level(T_TARGET)
-    out = [(p.id, target.tokenize(p.text)) for p in load("humaneval", 2)]
-    out += [(p.id, chat_prompt_tokens(target, [{"role": "user", "content": p.text}])) for p in load("gsm8k", 2)]
-    return out
-
-
 @pytest.fixture(scope="module")
-def references(tpool):
-    target = tpool.chain([T_TARGET])
-    return {pid: (tokens, generate(target, tokens, SamplingParams(), MAX_TOKENS).token_ids)
-            for pid, tokens in prompts(tpool)}
-
-
-def near_tie_gap(pool, context, a, b):
-    target = pool.level(T_TARGET)
-    state = SequenceState()
-    try:
-        logits = state.evaluate(target, context, 1)[0]
-    finally:
-        state.release()
-    top2 = set(np.argsort(-logits)[:2].tolist())
-    return abs(float(logits[a] - logits[b])), top2 == {a, b}
+def torch_references(tpool):
+    return reference_outputs(tpool.chain([T_TARGET]), benchmark_prompts(tpool.level(T_TARGET), 2), MAX_TOKENS)
 
 
 @pytest.mark.parametrize("name", list(CHAINS))
-def test_chain_matches_torch_target_alone(tpool, references, name):
+def test_chain_matches_torch_target_alone(tpool, torch_references, name):
     specs, lengths = CHAINS[name]
     chain = tpool.chain(specs, lengths)
-    diverged = []
-    for pid, (tokens, expected) in references.items():
-        result = generate(chain, tokens, SamplingParams(), MAX_TOKENS)
-        got = result.token_ids
-        assert result.levels[0].proposed > 0
-        if got == expected:
-            continue
-        i = next((j for j, (x, y) in enumerate(zip(got, expected)) if x != y), min(len(got), len(expected)))
-        assert i < min(len(got), len(expected)), f"{pid}: one output is a prefix of the other ({len(got)} vs {len(expected)})"
-        gap, top_two = near_tie_gap(tpool, tokens + expected[:i], got[i], expected[i])
-        assert top_two and gap < NEAR_TIE, (
-            f"{name} on {pid} diverged at token {i} ({got[i]} vs {expected[i]}) without a near-tie: "
-            f"gap {gap:.4f}, top two: {top_two}"
-        )
-        diverged.append((pid, i, round(gap, 4)))
-    print(f"{name}: {len(references) - len(diverged)}/{len(references)} identical; near-tie divergences {diverged}")
-    assert len(diverged) <= len(references) // 4, f"{name}: too many near-tie divergences {diverged}"
+    results = assert_matches_references(chain.target, torch_references, chain, name, MAX_TOKENS)
+    assert all(r.levels[0].proposed > 0 for r in results)
 
 
 def test_rollback_on_a_real_torch_model_equals_a_fresh_instance(tpool):

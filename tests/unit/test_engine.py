@@ -1,6 +1,5 @@
 """Generation loop: greedy equality with the target alone, stop rules, bad input."""
 
-import numpy as np
 import pytest
 
 from specrouter.backends.ngram import NgramDrafter

@@ -11,7 +11,7 @@ from specrouter.router import AcceptanceEstimator, OnlineCosts
 from specrouter.router.predictor import ChainSpec, closed_form_two_level, predict
 from specrouter.router.scheduler import build_router
 
-from .router_synth import (PROMPT, family, linear, make_router, profiled, seconds_per_token, simulated_clock,
+from .router_synth import (PROMPT, family, linear, make_router, profiled, seconds_per_token,
                            static_chains)
 
 SAMPLED = SamplingParams(temperature=1.0)

@@ -52,7 +52,7 @@ def test_acceptance_rate_equals_one_minus_total_variation():
     q = np.array([0.5, 0.2, 0.3])
     expected = np.minimum(p, q).sum()  # 0.6
     rng = np.random.default_rng(1)
-    accepted = sum(verify_sampled([x := sample(q, rng)], [q], [p, p], rng)[0] for _ in range(50_000))
+    accepted = sum(verify_sampled([sample(q, rng)], [q], [p, p], rng)[0] for _ in range(50_000))
     assert abs(accepted / 50_000 - expected) < 0.01
 
 
