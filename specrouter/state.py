@@ -50,6 +50,14 @@ class SequenceState:
     def evaluate(self, backend: Backend, tokens: Sequence[int], n_logits: int) -> np.ndarray:
         """Logits (n_logits, n_vocab) after each of the last n_logits tokens, with the
         model's cache made to hold exactly `tokens` first."""
+        item = self.prepare(backend, tokens, n_logits)
+        logits = backend.decode(*item)
+        self.fed(backend, item[1])
+        return logits
+
+    def prepare(self, backend: Backend, tokens: Sequence[int], n_logits: int) -> tuple[int, list[int], int, int]:
+        """Roll the cache back to what it shares with `tokens` and return the backend call
+        that completes it, (seq, fresh tokens, position, n_logits); after the call, fed()."""
         key = id(backend)
         if key not in self._slots:
             self._slots[key] = backend.new_sequence()
@@ -61,11 +69,21 @@ class SequenceState:
         if keep < len(cached):
             backend.remove(self._slots[key], keep)
             del cached[keep:]
-        fresh = list(tokens[keep:])
-        logits = backend.decode(self._slots[key], fresh, keep, n_logits)
-        cached.extend(fresh)
+        return self._slots[key], list(tokens[keep:]), keep, n_logits
+
+    def fed(self, backend: Backend, fresh: Sequence[int]) -> None:
+        """The call from prepare() succeeded: the cache now also holds `fresh`."""
+        self._cached[id(backend)].extend(fresh)
         self.evaluated[backend.name] = self.evaluated.get(backend.name, 0) + len(fresh)
-        return logits
+
+    def forget(self, backend: Backend) -> None:
+        """Free this sequence's slot of one model (a model that failed: its cache is unknown)."""
+        key = id(backend)
+        if key in self._slots:
+            try:
+                backend.free_sequence(self._slots[key])
+            finally:
+                del self._slots[key], self._cached[key], self._backends[key]
 
     def rollback_to(self, committed: Sequence[int]) -> None:
         """Drop every cached position that is not part of the committed tokens."""

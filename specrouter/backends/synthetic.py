@@ -46,7 +46,8 @@ class SyntheticBackend(Backend):
         self.latency = latency or (lambda n: 0.0)
         self.sleep = sleep
         self.simulated_seconds = 0.0
-        self.decode_calls = 0
+        self.decode_calls = 0  # calls into the model (a batch counts once)
+        self.batch_calls = 0
         self.decoded_tokens = 0
         self._kv: dict[int, list[int]] = {}
         self._next_seq = 0
@@ -83,6 +84,22 @@ class SyntheticBackend(Backend):
         n = len(kv)
         return np.stack([self.logits_for(kv[: n - n_logits + i + 1]) for i in range(n_logits)])
 
+    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """One call for several sequences: it costs latency(all their tokens), as a real batch."""
+        latency, sleep = self.latency, self.sleep
+        self.latency, self.sleep = (lambda n: 0.0), False
+        try:
+            out = [self.decode(*item) for item in items]
+        finally:
+            self.latency, self.sleep = latency, sleep
+        self.batch_calls += 1
+        self.decode_calls -= len(items) - 1
+        cost = self.latency(sum(len(tokens) for _, tokens, _, _ in items))
+        self.simulated_seconds += cost
+        if self.sleep and cost > 0:
+            time.sleep(cost)
+        return out
+
     def remove(self, seq: int, start: int) -> None:
         del self._kv[seq][start:]
 
@@ -94,6 +111,11 @@ class SyntheticBackend(Backend):
 
     def free_sequence(self, seq: int) -> None:
         self._kv.pop(seq, None)
+
+    @property
+    def live_sequences(self) -> int:
+        """Slots in use (a leak check: 0 once every request has ended)."""
+        return len(self._kv)
 
     def kv_tokens(self, seq: int) -> list[int]:
         """What the cache holds (tests compare it with the state manager's books)."""

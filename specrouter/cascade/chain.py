@@ -15,7 +15,7 @@ only on the tokens before) keeps that true; "stop after a correction" would not.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -34,13 +34,30 @@ Level = Backend | NgramDrafter
 class CycleObserver(Protocol):
     """What the router learns from: every forward's cost and every verification's distributions."""
 
-    def on_forward(self, level: str, n_tokens: int, seconds: float) -> None:
-        """A forward of `level` over n_tokens fed tokens (0 for an n-gram lookup) took `seconds`."""
+    def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False) -> None:
+        """A forward of `level` over n_tokens fed tokens (0 for an n-gram lookup) took `seconds`.
+        shared: the forward was one batched call for several sequences, already reported
+        (n_tokens and seconds are the whole call's) by another sequence of the batch."""
 
     def on_verify(self, proposer: str, verifier: str, proposals: list[int], q: list | None, p: list,
                   n_accepted: int, requested: int) -> None:
         """`verifier` checked `proposals` (of `requested`); q, p: per-position dists as the cascade
         keeps them (argmax ids under greedy, warped probabilities otherwise; q None for n-gram)."""
+
+
+@dataclass
+class EvalRequest:
+    """What a cycle needs next: logits of `backend` after each of the last n_logits of
+    `tokens` (the sequence's whole context, cache made to hold exactly it). The driver
+    fills in what the forward fed and cost; for a batched call, the whole call's."""
+
+    level: int  # index in the chain
+    backend: Backend
+    tokens: list[int]
+    n_logits: int
+    fed: int = 0
+    seconds: float = 0.0
+    shared: bool = False  # another request of the same batched call reports it
 
 
 @dataclass
@@ -129,11 +146,28 @@ class CycleRunner:
 
     def cycle(self, context: Sequence[int], max_new: int) -> list[int]:
         """New tokens the target emits after `context` (1 .. max_new of them)."""
+        steps = self.steps(context, max_new)
+        logits = None
+        while True:
+            try:
+                request = steps.send(logits)
+            except StopIteration as done:
+                return done.value
+            before = self.state.evaluated.get(request.backend.name, 0)
+            start = self.clock()
+            logits = self.state.evaluate(request.backend, request.tokens, request.n_logits)
+            request.seconds = self.clock() - start
+            request.fed = self.state.evaluated[request.backend.name] - before
+
+    def steps(self, context: Sequence[int], max_new: int) -> Generator[EvalRequest, np.ndarray, list[int]]:
+        """The same cycle as a generator: it yields every forward it needs and is sent the
+        logits, so a batch scheduler can serve the requests of many sequences together.
+        Returns (StopIteration.value) the new tokens."""
         top = len(self.chain.levels) - 1
         if top == 0:
-            return self._block(0, list(context), 0)[0]
+            return (yield from self._block(0, list(context), 0))[0]
         draft = min(self.chain.draft_lengths[top - 1], max_new - 1)
-        tokens, _ = self._block(top, list(context), draft)
+        tokens, _ = yield from self._block(top, list(context), draft)
         return tokens[:max_new]
 
     # ------------------------------------------------------------------------------
@@ -141,19 +175,16 @@ class CycleRunner:
         """What a level keeps per position: its argmax under greedy, else its warped p."""
         return int(np.argmax(row)) if self.params.greedy else warp(row, self.params)
 
-    def _evaluate(self, i: int, tokens: list[int], n_logits: int) -> np.ndarray:
-        level = self.chain.levels[i]
-        fed_before = self.state.evaluated.get(level.name, 0)
-        start = self.clock()
-        logits = self.state.evaluate(level, tokens, n_logits)
-        seconds = self.clock() - start
-        self.stats[i].seconds += seconds
+    def _evaluate(self, i: int, tokens: list[int], n_logits: int):
+        request = EvalRequest(i, self.chain.levels[i], tokens, n_logits)
+        logits = yield request
+        self.stats[i].seconds += request.seconds
         self.stats[i].forwards += 1
         if self.observer is not None:
-            self.observer.on_forward(level.name, self.state.evaluated[level.name] - fed_before, seconds)
+            self.observer.on_forward(request.backend.name, request.fed, request.seconds, request.shared)
         return logits
 
-    def _draft(self, context: list[int], n: int) -> tuple[list[int], list | None]:
+    def _draft(self, context: list[int], n: int):
         """Level 0 proposes n tokens (fewer after EOS or when the n-gram finds nothing)."""
         level = self.chain.levels[0]
         if isinstance(level, NgramDrafter):
@@ -166,7 +197,7 @@ class CycleRunner:
             return _cut_after_eos(tokens, self.chain.eos_ids), None
         tokens, dists = [], []
         for _ in range(n):
-            d = self._dist(self._evaluate(0, context + tokens, 1)[0])
+            d = self._dist((yield from self._evaluate(0, context + tokens, 1))[0])
             token = d if self.params.greedy else sample(d, self.rng)
             tokens.append(token)
             dists.append(d)
@@ -174,16 +205,16 @@ class CycleRunner:
                 break
         return tokens, dists
 
-    def _propose(self, i: int, context: list[int], n: int) -> tuple[list[int], list | None]:
+    def _propose(self, i: int, context: list[int], n: int):
         """n tokens following `context`, distributed as level i's own p, with that p per position."""
         if i == 0:
-            return self._draft(context, n)
+            return (yield from self._draft(context, n))
         out: list[int] = []
         dists: list = []
         while len(out) < n:
             # Ask below for at most what is still missing; a surplus bonus token is free and dropped.
             below = min(self.chain.draft_lengths[i - 1], n - len(out))
-            tokens, d = self._block(i, context + out, below)
+            tokens, d = yield from self._block(i, context + out, below)
             out += tokens
             dists += d
             if any(t in self.chain.eos_ids for t in tokens):
@@ -191,14 +222,14 @@ class CycleRunner:
                 return out[: min(cut, n)], dists[: min(cut, n)]
         return out[:n], dists[:n]
 
-    def _block(self, i: int, context: list[int], n_below: int) -> tuple[list[int], list]:
+    def _block(self, i: int, context: list[int], n_below: int):
         """Level i verifies up to n_below proposals from level i - 1 in one forward and
         returns the accepted ones plus its own next token, with its dist per token."""
         if n_below > 0:
-            proposals, q = self._propose(i - 1, context, n_below)
+            proposals, q = yield from self._propose(i - 1, context, n_below)
         else:
             proposals, q = [], []
-        rows = self._evaluate(i, context + proposals, len(proposals) + 1)
+        rows = yield from self._evaluate(i, context + proposals, len(proposals) + 1)
         p = [self._dist(row) for row in rows]
         if self.params.greedy:
             n_acc, nxt = verify_greedy(proposals, p)

@@ -28,6 +28,8 @@ bounded probes, whose measured extra cost is capped at a fraction of generation 
 
 from __future__ import annotations
 
+import copy
+
 import json
 import math
 import os
@@ -102,6 +104,13 @@ class AcceptanceEstimator:
         self.global_: dict[tuple[str, str, str], Estimate] = {}
         self.request: dict[tuple[str, str], Estimate] = {}
         self.fill_: dict[tuple[str, str], Estimate] = {}  # proposals given / asked, per pair
+
+    def view(self) -> AcceptanceEstimator:
+        """An estimator for one of several concurrent requests: its own per-request estimates
+        and mode, the same global estimates (so every request teaches every other)."""
+        twin = copy.copy(self)
+        twin.request = {}
+        return twin
 
     def start_request(self, greedy: bool) -> None:
         self.mode = "greedy" if greedy else "sampled"

@@ -31,6 +31,7 @@ spent on the same tokens. Any chain choice made before a cycle keeps the output 
 """
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import math
@@ -42,6 +43,7 @@ from specrouter.backends.base import Backend
 from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
 from specrouter.cascade.chain import Chain, Level
 from specrouter.cascade.sampling import SamplingParams
+from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator, pair_score
 from specrouter.router.predictor import ChainSpec, Prediction, predict
 from specrouter.router.profiler import OnlineCosts
@@ -129,7 +131,19 @@ class Router:
         self.decisions: list[Decision] = []
         self.current: ChainSpec | None = None
         self._overhead = 0.0
+        #: Sequences that advance together (set by the batch scheduler before choose): every
+        #: forward then carries this many sequences' tokens, so it is costed at batch x n tokens.
+        self.batch_size = 1
         self.start(SamplingParams())
+
+    def session(self) -> Router:
+        """A router for one request of many running at once: its own per-request state
+        (decisions, plan, per-request acceptance), sharing the global estimates and costs."""
+        twin = copy.copy(self)
+        twin.acceptance = self.acceptance.view()
+        twin.decisions = []
+        twin.start(SamplingParams())
+        return twin
 
     # Candidates ------------------------------------------------------------------------
     def _enumerate(self) -> list[tuple[str, ...]]:
@@ -141,6 +155,16 @@ class Router:
                 if self.ngram:
                     out.append((NGRAM_NAME, *subset, self.target.name))
         return out
+
+    def exclude(self, name: str) -> None:
+        """Route without this model from now on (it failed for this request)."""
+        if name == self.target.name:
+            raise InvalidParameterError("the target cannot be excluded from routing")
+        self.chains = [c for c in self.chains if name not in c]
+        self.names = [n for n in self.names if n != name]
+        self._plan_inputs, self._best, self._optimistic = None, {}, {}
+        if self.current is not None and name in self.current.names:
+            self.current = None
 
     def chain_for(self, spec: ChainSpec) -> Chain:
         chain = self._chain_objs.get(spec)
@@ -244,11 +268,12 @@ class Router:
                       for j, i in pairs}
         return {"rates": rates, "optimistic": optimistic,
                 "fills": {(j, i): self.acceptance.fill(j, i) for j, i in pairs},
-                "costs": self.costs.snapshot(), "room": min(room, max(self.grid) + 1)}
+                "costs": self.costs.snapshot(), "room": min(room, max(self.grid) + 1), "batch": self.batch_size}
 
     def _moved(self, old: dict | None, new: dict) -> bool:
         """Re-plan only when an input moved enough to matter (timings jitter every cycle)."""
-        if old is None or old["room"] != new["room"] or old["costs"].keys() != new["costs"].keys():
+        if old is None or old["room"] != new["room"] or old["batch"] != new["batch"] \
+                or old["costs"].keys() != new["costs"].keys():
             return True
         if any(abs(new["rates"][k] - v) > RATE_TOLERANCE for k, v in old["rates"].items()):
             return True
@@ -263,7 +288,7 @@ class Router:
             return
         self._plan_inputs = inputs
         self.replans += 1
-        self._plan = {**inputs, "cost": functools.lru_cache(maxsize=None)(self.costs.seconds), "memo": {}, "memo_opt": {}}
+        self._plan = {**inputs, "cost": functools.lru_cache(maxsize=None)(self._batch_cost), "memo": {}, "memo_opt": {}}
         r = room if room <= max(self.grid) else None
         full = self.replans % FULL_SEARCH_EVERY == 1 or r is not None
         previous, previous_opt = self._best, self._optimistic
@@ -277,6 +302,11 @@ class Router:
             pairs = list(zip(names, names[1:]))
             if pairs and any(self.acceptance.count(j, i) < CONFIDENT for j, i in pairs):
                 self._optimistic[names] = self._best_lengths(names, True, r, start(previous_opt, names))
+
+    def _batch_cost(self, name: str, n: float) -> float:
+        """One forward of this sequence's n tokens inside a batch: every sequence of the batch
+        feeds about as many, and the backend call returns when all are done."""
+        return self.costs.seconds(name, n * self.batch_size)
 
     def _catch_up(self, spec: ChainSpec, position: int, cached: Mapping[str, int]) -> float:
         total = 0.0
@@ -362,8 +392,9 @@ class Router:
         self.decisions.append(Decision(self._cycle, position, spec, reason, shown, inputs))
 
     # Observations (CycleRunner's observer protocol) ---------------------------------------
-    def on_forward(self, level: str, n_tokens: int, seconds: float) -> None:
-        self.costs.observe(level, n_tokens, seconds)
+    def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False) -> None:
+        if not shared:  # a batched call teaches the shared costs once, not once per sequence
+            self.costs.observe(level, n_tokens, seconds)
         if level != NGRAM_NAME:
             self._fwd_seconds += seconds
             self._fwd_count += 1

@@ -119,99 +119,167 @@ def generate_stream(
 
     `chain`: a fixed Chain, or a ChainRouter asked for the chain before every cycle.
     `clock`: what seconds are measured with (tests pass a simulated clock)."""
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens}")
-    if any(not s for s in stop):
-        raise InvalidParameterError("stop strings must be non-empty")
-    check_prompt(chain, prompt_tokens)
-    rng = rng if rng is not None else np.random.default_rng(params.seed)
-    token_bytes = detokenize or chain.target.token_bytes
-    n_ctx = min(m.n_ctx for m in chain.models)
-    router = None if isinstance(chain, Chain) else chain
-    eos_ids = chain.eos_ids if router is None else chain.target.eos_ids
-
-    state = SequenceState()
-    # Statistics per model name, shared by every chain that model runs in.
-    stats: dict[str, LevelStats] = {}
-    used: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
-    per_cycle: list[int] = []
-    if router is None:
-        runner = CycleRunner(chain, state, params, rng, residual_fn=residual_fn, clock=clock)
-        stats = {s.name: s for s in runner.stats}
-    else:
-        router.start(params, len(prompt_tokens), max_tokens)
-    context = list(prompt_tokens)
-    generated: list[int] = []
-    text = _TextTracker(token_bytes, stop)
-    finish = "length"
-    cycles = 0
-    start = time.perf_counter()
+    run = SequenceRun(chain, prompt_tokens, params, max_tokens, stop, rng, detokenize, residual_fn, clock)
     try:
-        while True:
-            room = min(max_tokens - len(generated), n_ctx - len(context))
-            if room <= 0:
-                break
-            if router is not None:
-                current = router.choose(len(context), room, state.committed_lengths(context), context)
-                levels = [stats.setdefault(lv.name, LevelStats(lv.name)) for lv in current.levels]
-                runner = CycleRunner(current, state, params, rng, stats=levels, residual_fn=residual_fn,
-                                     observer=router, clock=clock)
-            key = (tuple(runner.chain.names), tuple(runner.chain.draft_lengths))
-            per_cycle.append(used.setdefault(key, len(used)))
-            cycle_start = clock()
-            new = runner.cycle(context, room)
-            if router is not None:
-                router.end_cycle(new, clock() - cycle_start)
-            cycles += 1
-            for token in new:
-                if token in eos_ids:
-                    finish = "stop"
-                    break
-                generated.append(token)
-                if text.add(token):
-                    finish = "stop"
-                    break
-            else:
-                context += new
-                state.rollback_to(context)
-                delta = text.flush(final=False)
-                if delta:
-                    yield delta
-                continue
-            break
+        while (runner := run.start_cycle()) is not None:
+            delta = run.end_cycle(runner.cycle(run.context, run.room))
+            if delta:
+                yield delta
     finally:
-        wall = time.perf_counter() - start
-        evaluated = dict(state.evaluated)
-        state.release()
-        if router is not None:
-            router.finish()
-    generated = generated[: text.n_tokens]
-    delta = text.flush(final=True)
+        run.release()
+    delta, result = run.result()
     if delta:
         yield delta
-    chains_used = [(list(n), list(k)) for n, k in used]
-    if router is None:
-        names, lengths, levels = chain.names, list(chain.draft_lengths), runner.stats
-    else:
-        # The chain run most often stands for the request; levels list every model that ran.
-        top = max(range(len(used)), key=per_cycle.count) if used else None
-        names, lengths = chains_used[top] if top is not None else ([chain.target.name], [])
-        levels = sorted(stats.values(), key=lambda s: _level_order(router, s.name))
-    yield GenerationResult(
-        text=text.text,
-        token_ids=generated,
-        finish_reason=finish,
-        chain=names,
-        draft_lengths=lengths,
-        levels=levels,
-        cycles=cycles,
-        prompt_tokens=len(prompt_tokens),
-        wall_seconds=wall,
-        evaluated_tokens=evaluated,
-        chains_used=chains_used,
-        chains_per_cycle=per_cycle,
-        decisions=[d.as_dict() if hasattr(d, "as_dict") else d for d in getattr(router, "decisions", [])],
-    )
+    yield result
+
+
+class SequenceRun:
+    """One request's generation between cycles: committed tokens, text and stop rules,
+    statistics, and the router's choice per cycle. Whoever drives it runs each cycle,
+    alone (CycleRunner.cycle) or batched with other sequences (CycleRunner.steps)."""
+
+    def __init__(self, chain: Chain | ChainRouter, prompt_tokens: Sequence[int], params: SamplingParams,
+                 max_tokens: int, stop: Sequence[str] = (), rng: np.random.Generator | None = None,
+                 detokenize: Callable[[int], bytes] | None = None, residual_fn=residual,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens}")
+        if any(not s for s in stop):
+            raise InvalidParameterError("stop strings must be non-empty")
+        check_prompt(chain, prompt_tokens)
+        self.params, self.max_tokens, self.clock = params, max_tokens, clock
+        self.rng = rng if rng is not None else np.random.default_rng(params.seed)
+        self._residual = residual_fn
+        self.n_ctx = min(m.n_ctx for m in chain.models)
+        self.chain = chain
+        self.router = None if isinstance(chain, Chain) else chain
+        self.eos_ids = chain.eos_ids if self.router is None else chain.target.eos_ids
+        self.state = SequenceState()
+        # Statistics per model name, shared by every chain that model runs in.
+        self.stats: dict[str, LevelStats] = {}
+        self._used: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
+        self._per_cycle: list[int] = []
+        self._runner: CycleRunner | None = None
+        if self.router is None:
+            self._runner = CycleRunner(chain, self.state, params, self.rng, residual_fn=residual_fn, clock=clock)
+            self.stats = {s.name: s for s in self._runner.stats}
+        else:
+            self.router.start(params, len(prompt_tokens), max_tokens)
+        self.prompt_tokens = len(prompt_tokens)
+        self.context = list(prompt_tokens)
+        self.generated: list[int] = []
+        self._text = _TextTracker(detokenize or chain.target.token_bytes, stop)
+        self.finish_reason = "length"
+        self.finished = False
+        self.cycles = 0
+        self._started = time.perf_counter()
+        self._wall = 0.0
+        self._cycle_start = 0.0
+        self._released = False
+
+    @property
+    def room(self) -> int:
+        """The most tokens the next cycle may emit."""
+        return min(self.max_tokens - len(self.generated), self.n_ctx - len(self.context))
+
+    def start_cycle(self, batch_size: int = 1) -> CycleRunner | None:
+        """The runner of the next cycle (its chain chosen now), or None when generation is over.
+        batch_size: sequences that will advance together with this one (for the router)."""
+        if self.finished or self.room <= 0:
+            self.finished = True
+            return None
+        if self.router is not None:
+            self.router.batch_size = batch_size
+            current = self.router.choose(len(self.context), self.room, self.state.committed_lengths(self.context),
+                                         self.context)
+            levels = [self.stats.setdefault(lv.name, LevelStats(lv.name)) for lv in current.levels]
+            self._runner = CycleRunner(current, self.state, self.params, self.rng, stats=levels,
+                                       residual_fn=self._residual, observer=self.router, clock=self.clock)
+        runner = self._runner
+        key = (tuple(runner.chain.names), tuple(runner.chain.draft_lengths))
+        self._per_cycle.append(self._used.setdefault(key, len(self._used)))
+        self._cycle_start = self.clock()
+        return runner
+
+    def end_cycle(self, new: Sequence[int]) -> str:
+        """Commit what the target emitted; returns the text that may be shown now."""
+        if self.router is not None:
+            self.router.end_cycle(new, self.clock() - self._cycle_start)
+        self.cycles += 1
+        for token in new:
+            if token in self.eos_ids:
+                self.finish_reason, self.finished = "stop", True
+                return ""
+            self.generated.append(token)
+            if self._text.add(token):
+                self.finish_reason, self.finished = "stop", True
+                return ""
+        self.context += new
+        self.state.rollback_to(self.context)
+        return self._text.flush(final=False)
+
+    @property
+    def target(self) -> Backend:
+        return self.chain.target
+
+    def abandon_cycle(self) -> None:
+        """The cycle in progress was dropped (a model failed): nothing of it is committed."""
+        self._per_cycle.pop()
+        self.state.rollback_to(self.context)
+
+    def drop_model(self, name: str) -> None:
+        """Generate without this (non-target) model from the next cycle on."""
+        if self.router is not None:
+            self.router.exclude(name)
+            return
+        chain = self.chain
+        keep = [i for i, level in enumerate(chain.levels) if level.name != name]
+        # A level's draft length is what it proposes upward: the kept levels keep theirs.
+        self.chain = Chain([chain.levels[i] for i in keep], [chain.draft_lengths[i] for i in keep[:-1]], chain.eos_ids)
+        self._runner = CycleRunner(self.chain, self.state, self.params, self.rng,
+                                   stats=[self.stats[level.name] for level in self.chain.levels],
+                                   residual_fn=self._residual, clock=self.clock)
+
+    def release(self) -> None:
+        """Free every KV slot of this sequence (idempotent: finished, failed or cancelled)."""
+        if self._released:
+            return
+        self._released = True
+        self._wall = time.perf_counter() - self._started
+        self.evaluated = dict(self.state.evaluated)
+        self.state.release()
+        if self.router is not None:
+            self.router.finish()
+
+    def result(self) -> tuple[str, GenerationResult]:
+        """After release(): the last text delta and the result."""
+        generated = self.generated[: self._text.n_tokens]
+        delta = self._text.flush(final=True)
+        chains_used = [(list(n), list(k)) for n, k in self._used]
+        if self.router is None:
+            names, lengths, levels = self.chain.names, list(self.chain.draft_lengths), self._runner.stats
+        else:
+            # The chain run most often stands for the request; levels list every model that ran.
+            per_cycle = self._per_cycle
+            top = max(range(len(self._used)), key=per_cycle.count) if self._used else None
+            names, lengths = chains_used[top] if top is not None else ([self.chain.target.name], [])
+            levels = sorted(self.stats.values(), key=lambda s: _level_order(self.router, s.name))
+        decisions = getattr(self.router, "decisions", [])
+        return delta, GenerationResult(
+            text=self._text.text,
+            token_ids=generated,
+            finish_reason=self.finish_reason,
+            chain=names,
+            draft_lengths=lengths,
+            levels=levels,
+            cycles=self.cycles,
+            prompt_tokens=self.prompt_tokens,
+            wall_seconds=self._wall,
+            evaluated_tokens=self.evaluated,
+            chains_used=chains_used,
+            chains_per_cycle=self._per_cycle,
+            decisions=[d.as_dict() if hasattr(d, "as_dict") else d for d in decisions],
+        )
 
 
 def _level_order(router: ChainRouter, name: str) -> tuple:

@@ -1,0 +1,244 @@
+"""Many requests advancing together: the scheduler the server runs in its worker thread.
+
+Interface (stable for the server): add() a request under an id, cancel() it, and call
+step() in a loop; every step returns the events it produced (text deltas, finished
+results, failures). Requests join and leave between steps (continuous batching); a
+finished or cancelled request releases its KV slots at once.
+
+Not thread-safe: one thread owns a scheduler and every backend it uses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from specrouter.cascade.chain import Chain, EvalRequest
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine.generate import ChainRouter, GenerationResult, SequenceRun
+from specrouter.errors import InvalidParameterError
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """Per-request choice: the router (auto), the target alone (off), or a fixed chain."""
+
+    mode: Literal["auto", "off", "chain"] = "auto"
+    chain: tuple[str, ...] = ()
+    draft_lengths: tuple[int, ...] = ()
+
+
+@dataclass
+class SeqRequest:
+    prompt_tokens: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 16
+    stop: list[str] = field(default_factory=list)
+    speculation: Speculation | None = None  # None: the scheduler's default
+
+
+@dataclass
+class Delta:
+    request_id: str
+    text: str
+
+
+@dataclass
+class Finished:
+    request_id: str
+    result: GenerationResult
+
+
+@dataclass
+class Failed:
+    request_id: str
+    error: Exception
+
+
+Event = Delta | Finished | Failed
+#: Turns a request's speculation choice into what generates it (a fixed chain or a router session).
+Planner = Callable[[SeqRequest], Chain | ChainRouter]
+
+
+@dataclass
+class _Active:
+    run: SequenceRun
+    steps: Generator[EvalRequest, np.ndarray, list[int]] | None = None  # the cycle in progress
+    pending: EvalRequest | None = None  # the forward it waits for
+
+
+class BatchScheduler:
+    """Advances every active sequence cycle by cycle; one step serves, per model, the
+    forwards that all sequences wait for in ONE decode_batch call (a sequence that drafts
+    and one that verifies wait for different models and are served in the same step).
+
+    A model that raises (or answers slower than `stall_seconds`, when set) is taken out
+    of the chains of the requests it served in that call, and those requests go on
+    without it: their current cycle is dropped (nothing of it was committed) and rerun.
+    A failing target fails only the requests it served."""
+
+    def __init__(self, plan: Planner, max_batch: int = 8, stall_seconds: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        if max_batch < 1:
+            raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
+        self.plan, self.max_batch, self.stall_seconds, self.clock = plan, max_batch, stall_seconds, clock
+        self._waiting: deque[tuple[str, SequenceRun]] = deque()
+        self._active: dict[str, _Active] = {}
+        #: Per model name, sizes of its batched calls (sequences per call), for metrics and tests.
+        self.batch_sizes: dict[str, list[int]] = {}
+
+    @property
+    def n_active(self) -> int:
+        return len(self._active)
+
+    @property
+    def n_waiting(self) -> int:
+        return len(self._waiting)
+
+    def add(self, request_id: str, request: SeqRequest) -> None:
+        """Queue a request; bad input raises here (SpecRouterError), before anything runs."""
+        if request_id in self._active or any(r == request_id for r, _ in self._waiting):
+            raise InvalidParameterError(f"request id {request_id!r} is already in use")
+        run = SequenceRun(self.plan(request), request.prompt_tokens, request.params, request.max_tokens,
+                          request.stop, np.random.default_rng(request.params.seed), clock=self.clock)
+        self._waiting.append((request_id, run))
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a request (waiting or active) and free its KV slots at once; False if unknown."""
+        for item in list(self._waiting):
+            if item[0] == request_id:
+                self._waiting.remove(item)
+                item[1].release()
+                return True
+        active = self._active.pop(request_id, None)
+        if active is None:
+            return False
+        if active.steps is not None:
+            active.steps.close()
+        active.run.release()
+        return True
+
+    def step(self) -> list[Event]:
+        """Admit waiting requests, start cycles, then serve each model's pending forwards."""
+        while self._waiting and len(self._active) < self.max_batch:
+            rid, run = self._waiting.popleft()
+            self._active[rid] = _Active(run)
+        events: list[Event] = []
+        for rid, a in list(self._active.items()):
+            if a.steps is None:
+                self._start_cycle(rid, a, events)
+        groups: dict[int, list[tuple[str, _Active]]] = {}
+        for rid, a in self._active.items():
+            if a.pending is not None:
+                groups.setdefault(id(a.pending.backend), []).append((rid, a))
+        for group in groups.values():
+            self._serve(group, events)
+        return events
+
+    def close(self) -> None:
+        for rid in list(self._active):
+            self.cancel(rid)
+        for _, run in self._waiting:
+            run.release()
+        self._waiting.clear()
+
+    # ------------------------------------------------------------------------------
+    def _start_cycle(self, rid: str, a: _Active, events: list[Event]) -> None:
+        try:
+            runner = a.run.start_cycle(batch_size=len(self._active))
+            if runner is None:
+                self._finish(rid, a, events)
+                return
+            a.steps = runner.steps(a.run.context, a.run.room)
+            a.pending = next(a.steps)
+        except StopIteration as done:  # a cycle without a forward (cannot happen: the target runs)
+            self._end_cycle(rid, a, done.value, events)
+        except Exception as exc:  # noqa: BLE001 - the request fails, the others go on
+            self._fail(rid, a, exc, events)
+
+    def _serve(self, group: list[tuple[str, _Active]], events: list[Event]) -> None:
+        backend = group[0][1].pending.backend
+        items = [a.run.state.prepare(a.pending.backend, a.pending.tokens, a.pending.n_logits) for _, a in group]
+        start = self.clock()
+        try:
+            outputs = backend.decode_batch(items)
+        except Exception as exc:  # noqa: BLE001 - isolated to the requests of this call
+            for rid, a in group:
+                self._model_failed(rid, a, backend, exc, events)
+            return
+        seconds = self.clock() - start
+        self.batch_sizes.setdefault(backend.name, []).append(len(group))
+        fed = sum(len(item[1]) for item in items)
+        stalled = self.stall_seconds is not None and seconds > self.stall_seconds
+        for j, ((rid, a), item, logits) in enumerate(zip(group, items, outputs)):
+            a.run.state.fed(backend, item[1])
+            request = a.pending
+            request.fed, request.seconds, request.shared = fed, seconds, j > 0
+            try:
+                a.pending = a.steps.send(logits)
+            except StopIteration as done:
+                self._end_cycle(rid, a, done.value, events)
+            except Exception as exc:  # noqa: BLE001
+                self._fail(rid, a, exc, events)
+                continue
+            if stalled and backend is not a.run.target and rid in self._active:
+                a.run.drop_model(backend.name)  # from its next cycle on
+
+    def _end_cycle(self, rid: str, a: _Active, new: list[int], events: list[Event]) -> None:
+        a.steps = a.pending = None
+        delta = a.run.end_cycle(new)
+        if delta:
+            events.append(Delta(rid, delta))
+        if a.run.finished or a.run.room <= 0:
+            self._finish(rid, a, events)
+
+    def _finish(self, rid: str, a: _Active, events: list[Event]) -> None:
+        del self._active[rid]
+        a.run.release()
+        delta, result = a.run.result()
+        if delta:
+            events.append(Delta(rid, delta))
+        events.append(Finished(rid, result))
+
+    def _fail(self, rid: str, a: _Active, exc: Exception, events: list[Event]) -> None:
+        self._active.pop(rid, None)
+        if a.steps is not None:
+            a.steps.close()
+        a.run.release()
+        events.append(Failed(rid, exc))
+
+    def _model_failed(self, rid: str, a: _Active, backend, exc: Exception, events: list[Event]) -> None:
+        """Its cache for this model is unknown now: free that slot, drop the cycle, go on without it."""
+        a.run.state.forget(backend)
+        if backend is a.run.target:
+            self._fail(rid, a, exc, events)
+            return
+        a.steps.close()
+        a.steps = a.pending = None
+        a.run.abandon_cycle()
+        a.run.drop_model(backend.name)
+
+
+def pool_planner(pool, target: str, router=None, default: Speculation = Speculation()) -> Planner:
+    """The planner a server uses: requests name `auto` (a session of `router`), `off`
+    (the target alone) or a chain of pool models that must end at the served target."""
+
+    def plan(request: SeqRequest) -> Chain | ChainRouter:
+        spec = request.speculation or default
+        if spec.mode == "off":
+            return pool.chain([target], [])
+        if spec.mode == "chain":
+            names = list(spec.chain)
+            if not names or names[-1] != target:
+                raise InvalidParameterError(f"a speculation chain must end at the served model {target!r}, got {names}")
+            return pool.chain(names, list(spec.draft_lengths) if spec.draft_lengths else None)
+        if router is None:
+            return pool.chain([target], [])  # no router configured: auto means the target alone
+        return router.session()
+
+    return plan

@@ -1,0 +1,200 @@
+"""The batch scheduler: many sequences advance together with exactly the output each
+would have alone, one backend call per model per step, per-sequence rollback, slots
+freed at once, and a failing model taken out of the requests it served."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specrouter.backends.ngram import NgramDrafter
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine import generate
+from specrouter.engine.batch import BatchScheduler, Delta, Failed, Finished, SeqRequest
+from specrouter.errors import BackendError, InvalidParameterError
+
+from .router_synth import family, make_router
+
+VOCAB = 16
+EOS = 15
+
+
+def models():
+    target = SyntheticBackend("target", vocab=VOCAB, eos_id=EOS, params_b=1.5)
+    mid = SyntheticBackend("mid", vocab=VOCAB, model_seed=2, noise=0.6, eos_id=EOS, params_b=0.5)
+    small = SyntheticBackend("small", vocab=VOCAB, model_seed=3, noise=1.2, eos_id=EOS, params_b=0.1)
+    return target, mid, small
+
+
+def chains(target, mid, small):
+    return {
+        "target": Chain([target], []),
+        "2-level": Chain([small, target], [3]),
+        "3-level": Chain([small, mid, target], [2, 3]),
+        "ngram-3-level": Chain([NgramDrafter(max_ngram=2), mid, target], [3, 2]),
+    }
+
+
+PROMPTS = [[1, 2, 3, 1, 2], [4, 5], [6, 7, 8, 9, 6, 7], [2, 2, 2], [9, 3], [5, 1, 5, 1, 5]]
+LENGTHS = [24, 7, 40, 16, 1, 31]
+
+
+def drain(scheduler: BatchScheduler, joins: dict[int, list] | None = None, check=None) -> dict:
+    """Step until idle; joins: step number -> requests added then. Returns id -> events."""
+    events: dict[str, list] = {}
+    step = 0
+    while scheduler.n_active or scheduler.n_waiting or (joins and any(s >= step for s in joins)):
+        for rid, request in (joins or {}).get(step, []):
+            scheduler.add(rid, request)
+        for e in scheduler.step():
+            events.setdefault(e.request_id, []).append(e)
+        if check is not None:
+            check()
+        step += 1
+    return events
+
+
+def finished(events: list):
+    assert isinstance(events[-1], Finished), events[-1]
+    assert sum(isinstance(e, Finished) for e in events) == 1
+    return events[-1].result
+
+
+@pytest.mark.parametrize("name", ["target", "2-level", "3-level", "ngram-3-level"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=7)], ids=["greedy", "sampled"])
+def test_batched_output_equals_output_alone(name, params):
+    """Greedy and seeded sampling: the same tokens as generating each request alone, with
+    requests joining mid-run, leaving at different lengths and waiting for a free slot."""
+    alone_chain = chains(*models())[name]
+    alone = [generate(alone_chain, p, params, n, rng=np.random.default_rng(params.seed)).token_ids
+             for p, n in zip(PROMPTS, LENGTHS)]
+    target, mid, small = models()
+    chain = chains(target, mid, small)[name]
+    scheduler = BatchScheduler(lambda r: chain, max_batch=4)
+
+    def kv_matches_books():  # per-sequence rollback: every cache holds exactly what the books say
+        for a in scheduler._active.values():
+            for model in chain.models:
+                books = a.run.state.cached_tokens(model)
+                slot = a.run.state._slots.get(id(model))
+                assert slot is None or model.kv_tokens(slot) == books
+
+    joins = {0: [], 3: [], 9: []}
+    for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS)):
+        joins[[0, 3, 9][i % 3]].append((str(i), SeqRequest(p, params, n)))
+    events = drain(scheduler, joins, kv_matches_books)
+    for i in range(len(PROMPTS)):
+        result = finished(events[str(i)])
+        assert result.token_ids == alone[i], f"request {i}"
+        streamed = "".join(e.text for e in events[str(i)] if isinstance(e, Delta))
+        assert streamed == result.text
+    assert all(m.live_sequences == 0 for m in chain.models)
+    # Really batched: some calls served several sequences at once.
+    assert max(max(sizes) for sizes in scheduler.batch_sizes.values()) > 1
+    assert max(s for sizes in scheduler.batch_sizes.values() for s in sizes) <= 4
+
+
+def test_one_call_per_model_per_step():
+    target, mid, small = models()
+    chain = Chain([small, target], [2])
+    scheduler = BatchScheduler(lambda r: chain, max_batch=8)
+    for i in range(6):
+        scheduler.add(str(i), SeqRequest([1, 2, i], SamplingParams(), 12))
+    steps = 0
+    while scheduler.n_active or scheduler.n_waiting:
+        before = (small.decode_calls, target.decode_calls)
+        scheduler.step()
+        steps += 1
+        assert small.decode_calls - before[0] <= 1 and target.decode_calls - before[1] <= 1
+    assert target.decode_calls < 6 * 12  # far fewer calls than tokens: sequences share them
+
+
+def test_cancel_frees_slots_at_once():
+    target, mid, small = models()
+    chain = Chain([small, mid, target], [2, 2])
+    scheduler = BatchScheduler(lambda r: chain, max_batch=2)
+    for i in range(3):
+        scheduler.add(str(i), SeqRequest([1, 2, 3 + i], SamplingParams(), 50))
+    for _ in range(4):
+        scheduler.step()
+    assert scheduler.n_active == 2 and scheduler.n_waiting == 1
+    assert scheduler.cancel("0") and scheduler.cancel("2")  # one active, one waiting
+    assert not scheduler.cancel("0")
+    assert all(m.live_sequences <= 1 for m in chain.models)
+    events = drain(scheduler)
+    assert set(events) == {"1"} and finished(events["1"]).token_ids
+    assert all(m.live_sequences == 0 for m in chain.models)
+
+
+def test_bad_requests_are_refused_before_running():
+    target, mid, small = models()
+    scheduler = BatchScheduler(lambda r: Chain([small, target], [2]))
+    with pytest.raises(InvalidParameterError, match="max_tokens"):
+        scheduler.add("a", SeqRequest([1], SamplingParams(), 0))
+    scheduler.add("a", SeqRequest([1], SamplingParams(), 2))
+    with pytest.raises(InvalidParameterError, match="already in use"):
+        scheduler.add("a", SeqRequest([1], SamplingParams(), 2))
+    with pytest.raises(InvalidParameterError, match="max_batch"):
+        BatchScheduler(lambda r: None, max_batch=0)
+
+
+class Failing(SyntheticBackend):
+    """Raises on its n-th batched call (and, with always=True, on every call after it)."""
+
+    def __init__(self, *a, fail_at: int, always: bool = False, **kw):
+        super().__init__(*a, **kw)
+        self.fail_at, self.always, self.calls = fail_at, always, 0
+
+    def decode_batch(self, items):
+        self.calls += 1
+        if self.calls == self.fail_at or (self.always and self.calls > self.fail_at):
+            raise BackendError(f"{self.name}: device lost")
+        return super().decode_batch(items)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=3)], ids=["greedy", "sampled"])
+def test_failing_draft_is_dropped_and_output_is_unchanged(params):
+    target, mid, _ = models()
+    small = Failing("small", vocab=VOCAB, model_seed=3, noise=1.2, eos_id=EOS, params_b=0.1, fail_at=5, always=True)
+    chain = Chain([small, mid, target], [2, 3])
+    scheduler = BatchScheduler(lambda r: chain, max_batch=4)
+    for i, (p, n) in enumerate(zip(PROMPTS[:4], LENGTHS[:4])):
+        scheduler.add(str(i), SeqRequest(p, params, n))
+    events = drain(scheduler)
+    switched = 0
+    for i, (p, n) in enumerate(zip(PROMPTS[:4], LENGTHS[:4])):
+        result = finished(events[str(i)])
+        if params.greedy:  # greedy: exactly the target's output, whatever chain produced it
+            assert result.token_ids == generate(Chain([target], []), p, params, n).token_ids
+        if len(result.chains_used) > 1:  # it was running when the model failed: the model is gone
+            assert [c for c, _ in result.chains_used] == [["small", "mid", "target"], ["mid", "target"]]
+            assert result.chains_per_cycle[-1] == 1
+            switched += 1
+    assert switched >= 1
+    assert all(m.live_sequences == 0 for m in (small, mid, target))
+
+
+def test_failing_target_fails_only_its_requests():
+    target = Failing("target", vocab=VOCAB, eos_id=EOS, params_b=1.5, fail_at=3)
+    other = SyntheticBackend("other", vocab=VOCAB, eos_id=EOS, params_b=1.5)
+    scheduler = BatchScheduler(lambda r: Chain([target if r.max_tokens == 20 else other], []))
+    scheduler.add("a", SeqRequest([1, 2], SamplingParams(), 20))
+    scheduler.add("b", SeqRequest([1, 2], SamplingParams(), 21))
+    events = drain(scheduler)
+    assert isinstance(events["a"][-1], Failed) and "device lost" in str(events["a"][-1].error)
+    assert finished(events["b"]).token_ids == generate(Chain([other], []), [1, 2], SamplingParams(), 21).token_ids
+    assert target.live_sequences == 0 and other.live_sequences == 0
+
+
+def test_router_sessions_in_a_batch_match_their_output_alone():
+    """Each request routes on its own (per-request estimates, shared global ones), greedy exact."""
+    target, mid, small = family()
+    router = make_router(target, [mid, small])
+    scheduler = BatchScheduler(lambda r: router.session(), max_batch=4)
+    for i, p in enumerate(PROMPTS):
+        scheduler.add(str(i), SeqRequest(p, SamplingParams(), 30))
+    events = drain(scheduler)
+    for i, p in enumerate(PROMPTS):
+        assert finished(events[str(i)]).token_ids == generate(Chain([target], []), p, SamplingParams(), 30).token_ids
