@@ -34,10 +34,10 @@ Level = Backend | NgramDrafter
 class CycleObserver(Protocol):
     """What the router learns from: every forward's cost and every verification's distributions."""
 
-    def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False) -> None:
+    def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False, batch: int = 1) -> None:
         """A forward of `level` over n_tokens fed tokens (0 for an n-gram lookup) took `seconds`.
-        shared: the forward was one batched call for several sequences, already reported
-        (n_tokens and seconds are the whole call's) by another sequence of the batch."""
+        batch: sequences in that call (n_tokens and seconds are then the whole call's);
+        shared: another sequence of the same call reports it too."""
 
     def on_verify(self, proposer: str, verifier: str, proposals: list[int], q: list | None, p: list,
                   n_accepted: int, requested: int) -> None:
@@ -57,6 +57,7 @@ class EvalRequest:
     n_logits: int
     fed: int = 0
     seconds: float = 0.0
+    batch: int = 1  # sequences in the call
     shared: bool = False  # another request of the same batched call reports it
 
 
@@ -181,7 +182,7 @@ class CycleRunner:
         self.stats[i].seconds += request.seconds
         self.stats[i].forwards += 1
         if self.observer is not None:
-            self.observer.on_forward(request.backend.name, request.fed, request.seconds, request.shared)
+            self.observer.on_forward(request.backend.name, request.fed, request.seconds, request.shared, request.batch)
         return logits
 
     def _draft(self, context: list[int], n: int):

@@ -46,6 +46,7 @@ class SeqRequest:
 class Delta:
     request_id: str
     text: str
+    tokens: int = 0  # tokens committed since the request's previous Delta
 
 
 @dataclass
@@ -70,6 +71,12 @@ class _Active:
     run: SequenceRun
     steps: Generator[EvalRequest, np.ndarray, list[int]] | None = None  # the cycle in progress
     pending: EvalRequest | None = None  # the forward it waits for
+    reported: int = 0  # tokens counted in Deltas so far
+
+    def delta(self, rid: str, text: str) -> Delta:
+        n = len(self.run.generated)
+        tokens, self.reported = max(0, n - self.reported), max(n, self.reported)
+        return Delta(rid, text, tokens)
 
 
 class BatchScheduler:
@@ -178,7 +185,7 @@ class BatchScheduler:
         for j, ((rid, a), item, logits) in enumerate(zip(group, items, outputs)):
             a.run.state.fed(backend, item[1])
             request = a.pending
-            request.fed, request.seconds, request.shared = fed, seconds, j > 0
+            request.fed, request.seconds, request.shared, request.batch = fed, seconds, j > 0, len(group)
             try:
                 a.pending = a.steps.send(logits)
             except StopIteration as done:
@@ -193,7 +200,7 @@ class BatchScheduler:
         a.steps = a.pending = None
         delta = a.run.end_cycle(new)
         if delta:
-            events.append(Delta(rid, delta))
+            events.append(a.delta(rid, delta))
         if a.run.finished or a.run.room <= 0:
             self._finish(rid, a, events)
 
@@ -202,7 +209,7 @@ class BatchScheduler:
         a.run.release()
         delta, result = a.run.result()
         if delta:
-            events.append(Delta(rid, delta))
+            events.append(a.delta(rid, delta))
         events.append(Finished(rid, result))
 
     def _fail(self, rid: str, a: _Active, exc: Exception, events: list[Event]) -> None:

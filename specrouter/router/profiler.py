@@ -32,6 +32,10 @@ from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
 PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 #: Repeats per size: 3 keeps the default pool under a minute (the 1.5B takes ~4 s per sweep).
 PROFILE_REPEATS = 3
+#: Batched forwards: B sequences of n tokens each in one call (what serving runs). Few
+#: points: between and beyond them the cost is interpolated over B as over n.
+PROFILE_BATCHES = (2, 4, 8)
+PROFILE_BATCH_NS = (1, 2, 4, 8)
 PREFIX_TOKENS = 32
 #: Default n-gram lookup cost (measured ~20 us on a few thousand tokens); refined online.
 NGRAM_SECONDS = 2e-5
@@ -61,24 +65,38 @@ def interpolate(table: dict[int, float], n: float) -> float:
 
 @dataclass
 class CostProfile:
-    """Seconds per forward, model name -> {n tokens: seconds}, plus the n-gram lookup."""
+    """Seconds per forward, model name -> {n tokens: seconds}, plus the n-gram lookup; and
+    per model, batched calls: {B sequences: {n tokens each: seconds of the call}}."""
 
     tables: dict[str, dict[int, float]] = field(default_factory=dict)
     ngram_seconds: float = NGRAM_SECONDS
+    batch_tables: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
 
-    def seconds(self, name: str, n: float) -> float:
+    def seconds(self, name: str, n: float, batch: float = 1) -> float:
+        """One call of `batch` sequences with n tokens each (n tokens of one sequence at batch 1)."""
         if name == NGRAM_NAME:
             return self.ngram_seconds
-        return interpolate(self.tables[name], n)
+        if batch == 1:
+            return interpolate(self.tables[name], n)
+        batched = self.batch_tables.get(name)
+        if not batched:  # not profiled in batches: a call costs about what its tokens cost together
+            return interpolate(self.tables[name], n * batch)
+        per_batch = {1: interpolate(self.tables[name], n)}
+        per_batch.update({b: interpolate(t, n) for b, t in batched.items()})
+        return interpolate(per_batch, batch)
 
     def as_dict(self) -> dict:
         return {"ngram_seconds": self.ngram_seconds,
-                "models": {m: {str(n): s for n, s in sorted(t.items())} for m, t in self.tables.items()}}
+                "models": {m: {str(n): s for n, s in sorted(t.items())} for m, t in self.tables.items()},
+                "batched": {m: {str(b): {str(n): s for n, s in sorted(t.items())} for b, t in sorted(bt.items())}
+                            for m, bt in self.batch_tables.items()}}
 
     @classmethod
     def from_dict(cls, data: dict) -> CostProfile:
         tables = {m: {int(n): float(s) for n, s in t.items()} for m, t in data["models"].items()}
-        return cls(tables, float(data.get("ngram_seconds", NGRAM_SECONDS)))
+        batched = {m: {int(b): {int(n): float(s) for n, s in t.items()} for b, t in bt.items()}
+                   for m, bt in data.get("batched", {}).items()}
+        return cls(tables, float(data.get("ngram_seconds", NGRAM_SECONDS)), batched)
 
 
 def profile_model(
@@ -110,6 +128,52 @@ def profile_model(
         return table
     finally:
         backend.free_sequence(seq)
+
+
+def profile_batches(
+    backend: Backend,
+    batches: Sequence[int] = PROFILE_BATCHES,
+    ns: Sequence[int] = PROFILE_BATCH_NS,
+    repeats: int = PROFILE_REPEATS,
+    clock: Callable[[], float] = time.perf_counter,
+    bar: tqdm | None = None,
+) -> dict[int, dict[int, float]]:
+    """Median seconds of one decode_batch of B sequences x n tokens, each after a cached
+    prefix. Batch sizes beyond the backend's free sequence slots are skipped."""
+    prefix = _prefix_tokens(backend, PREFIX_TOKENS)
+    filler = _prefix_tokens(backend, max(ns))
+    seqs: list[int] = []
+    try:
+        from specrouter.errors import BackendError
+
+        for _ in range(max(batches)):
+            try:
+                seqs.append(backend.new_sequence())
+            except BackendError:
+                break
+        backend.decode_batch([(s, prefix, 0, 1) for s in seqs])
+        tables: dict[int, dict[int, float]] = {}
+        for b in batches:
+            if b > len(seqs):
+                if bar is not None:
+                    bar.update(len(ns) * repeats)
+                continue
+            tables[b] = {}
+            for n in ns:
+                times = []
+                for _ in range(repeats):
+                    start = clock()
+                    backend.decode_batch([(s, filler[:n], len(prefix), n) for s in seqs[:b]])
+                    times.append(clock() - start)
+                    for s in seqs[:b]:
+                        backend.remove(s, len(prefix))
+                    if bar is not None:
+                        bar.update(1)
+                tables[b][n] = statistics.median(times)
+        return tables
+    finally:
+        for s in seqs:
+            backend.free_sequence(s)
 
 
 def profile_ngram(repeats: int = 20, context_tokens: int = 2048) -> float:
@@ -196,19 +260,25 @@ def profile_key(backend: Backend) -> dict:
     }
 
 
-def _cache_file(directory: Path, backend: Backend) -> Path:
+def _cache_file(directory: Path, backend: Backend, kind: str = "") -> Path:
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in backend.name)
-    return directory / f"{safe}.json"
+    return directory / f"{safe}{kind}.json"
 
 
-def _read_cached(file: Path, key: dict) -> dict[int, float] | None:
-    """The cached table when the file is valid and its key matches; None (with a warning) otherwise."""
+def _read_cached(file: Path, key: dict, nested: bool = False) -> dict | None:
+    """The cached table when the file is valid and its key matches; None (with a warning) otherwise.
+    nested: a batch table, {B: {n: seconds}}."""
     if not file.exists():
         return None
     try:
         data = json.loads(file.read_text())
-        table = {int(n): float(s) for n, s in data["table"].items()}
-        if data.get("format") != _FORMAT or not table or any(s <= 0 for s in table.values()):
+        if nested:
+            table = {int(b): {int(n): float(s) for n, s in t.items()} for b, t in data["table"].items()}
+            values = [s for t in table.values() for s in t.values()]
+        else:
+            table = {int(n): float(s) for n, s in data["table"].items()}
+            values = list(table.values())
+        if data.get("format") != _FORMAT or not table or any(s <= 0 for s in values):
             raise ValueError("bad format")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         warnings.warn(f"profile cache {file} is corrupt ({exc.__class__.__name__}): re-profiling", stacklevel=3)
@@ -228,11 +298,13 @@ def load_or_profile(
     force: bool = False,
     progress: bool = True,
     clock: Callable[[], float] = time.perf_counter,
+    batches: Sequence[int] = PROFILE_BATCHES,
 ) -> CostProfile:
-    """Cached profiles where valid; the others are measured (one progress bar) and saved."""
+    """Cached profiles where valid; the others are measured (one progress bar) and saved.
+    Batched timings live in a file of their own (`<model>.batch.json`, same key)."""
     directory = Path(directory) if directory is not None else default_profile_dir()
     profile = CostProfile()
-    todo = []
+    todo, todo_batch = [], []
     for backend in backends:
         key = profile_key(backend)
         table = None if force else _read_cached(_cache_file(directory, backend), key)
@@ -240,14 +312,30 @@ def load_or_profile(
             todo.append((backend, key))
         else:
             profile.tables[backend.name] = table
-    if todo:
-        with tqdm(total=len(todo) * len(ns) * repeats, desc="profiling", unit="fwd", disable=not progress) as bar:
+        if batches:
+            batched = None if force else _read_cached(_cache_file(directory, backend, ".batch"), key, nested=True)
+            if batched is None:
+                todo_batch.append((backend, key))
+            else:
+                profile.batch_tables[backend.name] = batched
+    total = (len(todo) * len(ns) + len(todo_batch) * len(batches) * len(PROFILE_BATCH_NS)) * repeats
+    if total:
+        with tqdm(total=total, desc="profiling", unit="fwd", disable=not progress) as bar:
             for backend, key in todo:
                 bar.set_postfix_str(backend.name)
                 table = profile_model(backend, ns, repeats, clock=clock, bar=bar)
                 profile.tables[backend.name] = table
                 _write(_cache_file(directory, backend), {"format": _FORMAT, "key": key,
                                                          "table": {str(n): s for n, s in table.items()}})
+            for backend, key in todo_batch:
+                bar.set_postfix_str(f"{backend.name} batched")
+                batched = profile_batches(backend, batches, repeats=repeats, clock=clock, bar=bar)
+                if not batched:  # no batch fits the backend's slots: costs fall back to total tokens
+                    continue
+                profile.batch_tables[backend.name] = batched
+                _write(_cache_file(directory, backend, ".batch"), {
+                    "format": _FORMAT, "key": key,
+                    "table": {str(b): {str(n): s for n, s in t.items()} for b, t in batched.items()}})
     return profile
 
 
@@ -286,14 +374,21 @@ class OnlineCosts:
         s_lo = self._shape.get((name, lo), 1.0)
         return s_lo if frac < 1e-9 else (1 - frac) * s_lo + frac * self._shape.get((name, lo + 1), 1.0)
 
-    def seconds(self, name: str, n: float) -> float:
+    def seconds(self, name: str, n: float, batch: float = 1) -> float:
+        """One call of `batch` sequences with n tokens each (see CostProfile.seconds)."""
         if name == NGRAM_NAME:
             return self.profile.ngram_seconds * self._level.get(name, 1.0)
-        base = self.profile.seconds(name, n)
+        base = self.profile.seconds(name, n, batch)
         return base * self._level.get(name, 1.0) * self._shape_at(name, n) + self.overhead_per_forward
 
-    def observe(self, name: str, n: int, seconds: float) -> None:
+    def observe(self, name: str, n: int, seconds: float, batch: int = 1) -> None:
+        """A call of `batch` sequences feeding n tokens in all took `seconds`."""
         if name not in self.profile.tables and name != NGRAM_NAME:
+            return
+        if batch > 1:  # the level follows every call; shapes stay a single-sequence correction
+            base = self.profile.seconds(name, max(n / batch, 1), batch)
+            level = self._level.get(name, 1.0)
+            self._level[name] = level + self.ALPHA * (seconds / base - level)
             return
         base = self.profile.seconds(name, max(n, 1))
         r = seconds / base if base > 0 else 1.0

@@ -306,7 +306,7 @@ class Router:
     def _batch_cost(self, name: str, n: float) -> float:
         """One forward of this sequence's n tokens inside a batch: every sequence of the batch
         feeds about as many, and the backend call returns when all are done."""
-        return self.costs.seconds(name, n * self.batch_size)
+        return self.costs.seconds(name, n, self.batch_size)
 
     def _catch_up(self, spec: ChainSpec, position: int, cached: Mapping[str, int]) -> float:
         total = 0.0
@@ -392,9 +392,9 @@ class Router:
         self.decisions.append(Decision(self._cycle, position, spec, reason, shown, inputs))
 
     # Observations (CycleRunner's observer protocol) ---------------------------------------
-    def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False) -> None:
+    def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False, batch: int = 1) -> None:
         if not shared:  # a batched call teaches the shared costs once, not once per sequence
-            self.costs.observe(level, n_tokens, seconds)
+            self.costs.observe(level, n_tokens, seconds, batch)
         if level != NGRAM_NAME:
             self._fwd_seconds += seconds
             self._fwd_count += 1

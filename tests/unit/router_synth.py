@@ -74,7 +74,7 @@ class ScriptedRouter:
         self.calls += 1
         return self.chains[(self.calls + position + context[-1]) % len(self.chains)]
 
-    def on_forward(self, level, n_tokens, seconds, shared=False):
+    def on_forward(self, level, n_tokens, seconds, shared=False, batch=1):
         pass
 
     def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested):

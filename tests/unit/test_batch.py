@@ -198,3 +198,64 @@ def test_router_sessions_in_a_batch_match_their_output_alone():
     events = drain(scheduler)
     for i, p in enumerate(PROMPTS):
         assert finished(events[str(i)]).token_ids == generate(Chain([target], []), p, SamplingParams(), 30).token_ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["3-level", "4-level-ngram"])
+def test_batched_sampling_follows_target_distribution(name):
+    """The chi-square test of test_sampling_exactness.py, every generation a request of a
+    batch of 16 (each request has its own seed, as a server gives it)."""
+    from .test_sampling_exactness import ALPHA, N_TOKENS, PROMPT, chains as exact_chains, exact_distribution, goodness_of_fit
+
+    runs = 30_000
+    chain = exact_chains()[name]
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    scheduler = BatchScheduler(lambda r: chain, max_batch=16)
+    counts: dict[tuple[int, ...], int] = {}
+    for start in range(0, runs, 64):
+        for i in range(start, min(start + 64, runs)):
+            scheduler.add(str(i), SeqRequest(PROMPT, SamplingParams(temperature=1.0, top_p=0.9, seed=10_000 + i), N_TOKENS))
+        for events in drain(scheduler).values():
+            out = tuple(finished(events).token_ids)
+            counts[out] = counts.get(out, 0) + 1
+    assert sum(counts.values()) == runs
+    assert max(max(s) for s in scheduler.batch_sizes.values()) == 16
+    pvalue = goodness_of_fit(exact_distribution(chain.target, params), counts, runs=runs)
+    assert pvalue > ALPHA, f"{name}: batched output deviates from the target distribution (p = {pvalue:.2e})"
+
+
+def test_router_speculates_less_as_the_batch_grows():
+    """A CPU-like target (every verified token costs): alone, the router drafts 3 or more
+    tokens a cycle; 8 sequences at once make each verification 8 times wider, and it drafts
+    at most one token, or none."""
+    from .router_synth import linear, simulated_clock
+
+    def mean_draft_and_alone_share(batch: int) -> tuple[float, float]:
+        target = SyntheticBackend("target", vocab=VOCAB, latency=linear(0.020, 0.004), params_b=7.0)
+        mid = SyntheticBackend("mid", vocab=VOCAB, model_seed=2, noise=0.5, latency=linear(0.002, 0.0005), params_b=1.0)
+        router = make_router(target, [mid], use_ngram=False)
+        router.acceptance.set_global("mid", "target", 0.8, mode="greedy")
+        scheduler = BatchScheduler(lambda r: router.session(), max_batch=batch, clock=simulated_clock([target, mid]))
+        for i in range(batch):
+            scheduler.add(str(i), SeqRequest([1, 2, 3, i], SamplingParams(), 60))
+        drafts = []
+        for events in drain(scheduler).values():
+            result = finished(events)
+            drafts += [sum(result.chains_used[c][1]) for c in result.chains_per_cycle]
+        return float(np.mean(drafts)), drafts.count(0) / len(drafts)
+
+    one, two, eight = (mean_draft_and_alone_share(b) for b in (1, 2, 8))
+    assert one[0] >= 3.0 and one[1] == 0.0
+    assert min(one[0], two[0]) > eight[0]
+    assert eight[0] < 1.0 and eight[1] > 0.3  # one token or none: the target alone in many cycles
+
+
+def test_deltas_count_every_committed_token_once():
+    target, mid, small = models()
+    chain = Chain([small, target], [3])
+    scheduler = BatchScheduler(lambda r: chain, max_batch=3)
+    for i, p in enumerate(PROMPTS[:3]):
+        scheduler.add(str(i), SeqRequest(p, SamplingParams(), 25))
+    for rid, events in drain(scheduler).items():
+        result = finished(events)
+        assert sum(e.tokens for e in events if isinstance(e, Delta)) == len(result.token_ids)

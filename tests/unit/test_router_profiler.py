@@ -6,7 +6,15 @@ import warnings
 import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
-from specrouter.router.profiler import PROFILE_NS, CostProfile, OnlineCosts, interpolate, load_or_profile, profile_model
+from specrouter.router.profiler import (
+    PROFILE_NS,
+    CostProfile,
+    OnlineCosts,
+    interpolate,
+    load_or_profile,
+    profile_batches,
+    profile_model,
+)
 
 from .router_synth import linear
 
@@ -71,3 +79,36 @@ def test_online_costs_follow_a_slowdown_at_every_size():
     assert costs.seconds("m", 8) == pytest.approx(0.09, rel=0.05)  # ... and seen at n = 8 too
     costs.observe("m", 8, 0.03)  # one observation moves an estimate by ALPHA only
     assert 0.03 < costs.seconds("m", 8) < 0.09
+
+
+def test_batched_profile_times_one_call_over_b_sequences():
+    """A batch of B sequences x n tokens is one call; its cost is what the backend reports
+    for that call (synthetic: latency of all B x n tokens), and slots are released."""
+    m = SyntheticBackend("m", latency=linear(0.01, 0.002))
+    tables = profile_batches(m, batches=(2, 4), ns=(1, 4), repeats=2, clock=lambda: m.simulated_seconds)
+    assert tables[2] == pytest.approx({1: 0.014, 4: 0.026}) and tables[4] == pytest.approx({1: 0.018, 4: 0.042})
+    assert m.live_sequences == 0
+
+
+def test_batched_cost_interpolates_over_batch_size_and_falls_back_to_total_tokens():
+    profile = CostProfile({"m": {1: 0.010, 4: 0.016}}, batch_tables={"m": {4: {1: 0.020, 4: 0.060}}})
+    assert profile.seconds("m", 4, batch=4) == pytest.approx(0.060)
+    assert profile.seconds("m", 1, batch=2) == pytest.approx(0.010 + (0.020 - 0.010) / 3)  # between B = 1 and 4
+    assert profile.seconds("m", 1, batch=8) == pytest.approx(0.020 + (0.020 - 0.010) / 3 * 4)  # beyond: last slope
+    unbatched = CostProfile({"m": {1: 0.010, 4: 0.016}})
+    assert unbatched.seconds("m", 1, batch=4) == pytest.approx(0.016)  # as 4 tokens of one sequence
+    costs = OnlineCosts(profile)
+    for _ in range(20):
+        costs.observe("m", 16, 0.120, batch=4)  # batched calls twice as slow as profiled
+    assert costs.seconds("m", 4, batch=4) == pytest.approx(0.120, rel=0.02)
+
+
+def test_batch_profile_has_its_own_cache_file(tmp_path):
+    m = model(tmp_path)
+    clock = lambda: m.simulated_seconds  # noqa: E731
+    first = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
+    assert set(first.batch_tables["m"]) == {2, 4, 8}
+    assert (tmp_path / "profiles" / "m.batch.json").exists()
+    calls = m.decode_calls
+    again = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
+    assert m.decode_calls == calls and again.batch_tables == first.batch_tables
