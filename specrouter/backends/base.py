@@ -31,6 +31,9 @@ class Backend(ABC):
         """Append tokens at positions pos.. of sequence seq; return logits (n_logits, n_vocab)
         for the last n_logits of them (row i predicts the token after tokens[-n_logits + i])."""
 
+    #: Whether decode_batch evaluates sequences together (else it is this loop, costing the sum).
+    batches_natively: bool = False
+
     def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
         """Several sequences in one call: items of (seq, tokens, pos, n_logits), one logits
         array per item. Backends that can evaluate sequences together override this."""

@@ -106,6 +106,8 @@ class LlamaCppBackend(Backend):
         out = _ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(out, shape=(n_logits, self.n_vocab)).copy()
 
+    batches_natively = True
+
     def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
         """One llama_decode for the logit-bearing runs of all sequences (catch-up heads first,
         per sequence); groups are split only where they would overflow n_batch."""

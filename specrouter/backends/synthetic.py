@@ -84,6 +84,8 @@ class SyntheticBackend(Backend):
         n = len(kv)
         return np.stack([self.logits_for(kv[: n - n_logits + i + 1]) for i in range(n_logits)])
 
+    batches_natively = True
+
     def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
         """One call for several sequences: it costs latency(all their tokens), as a real batch."""
         latency, sleep = self.latency, self.sleep

@@ -55,7 +55,10 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         probs = np.zeros(logits.shape[-1], dtype=np.float64)
         probs[int(np.argmax(logits))] = 1.0
         return probs
-    scaled = logits.astype(np.float64) / params.temperature
+    # Shift by the max first: a tiny temperature then sends the others to -inf, never inf - inf.
+    shifted = logits.astype(np.float64)
+    with np.errstate(over="ignore"):
+        scaled = (shifted - shifted.max()) / params.temperature
     vocab = scaled.shape[-1]
     if params.top_k and params.top_k < vocab:
         # Ties at the k-th value are cut by argpartition's order; every level of a chain

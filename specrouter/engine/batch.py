@@ -11,7 +11,7 @@ Not thread-safe: one thread owns a scheduler and every backend it uses.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Literal
@@ -96,8 +96,8 @@ class BatchScheduler:
         self.plan, self.max_batch, self.stall_seconds, self.clock = plan, max_batch, stall_seconds, clock
         self._waiting: deque[tuple[str, SequenceRun]] = deque()
         self._active: dict[str, _Active] = {}
-        #: Per model name, sizes of its batched calls (sequences per call), for metrics and tests.
-        self.batch_sizes: dict[str, list[int]] = {}
+        #: Per model name, how many of its calls served B sequences: {B: calls} (bounded, for long runs).
+        self.batch_sizes: dict[str, Counter[int]] = {}
 
     @property
     def n_active(self) -> int:
@@ -179,7 +179,7 @@ class BatchScheduler:
                 self._model_failed(rid, a, backend, exc, events)
             return
         seconds = self.clock() - start
-        self.batch_sizes.setdefault(backend.name, []).append(len(group))
+        self.batch_sizes.setdefault(backend.name, Counter())[len(group)] += 1
         fed = sum(len(item[1]) for item in items)
         stalled = self.stall_seconds is not None and seconds > self.stall_seconds
         for j, ((rid, a), item, logits) in enumerate(zip(group, items, outputs)):

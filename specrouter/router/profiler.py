@@ -71,6 +71,8 @@ class CostProfile:
     tables: dict[str, dict[int, float]] = field(default_factory=dict)
     ngram_seconds: float = NGRAM_SECONDS
     batch_tables: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
+    #: Models whose batched call is a loop over the sequences: it costs B single calls.
+    looped: set[str] = field(default_factory=set)
 
     def seconds(self, name: str, n: float, batch: float = 1) -> float:
         """One call of `batch` sequences with n tokens each (n tokens of one sequence at batch 1)."""
@@ -78,6 +80,8 @@ class CostProfile:
             return self.ngram_seconds
         if batch == 1:
             return interpolate(self.tables[name], n)
+        if name in self.looped:
+            return batch * interpolate(self.tables[name], n)
         batched = self.batch_tables.get(name)
         if not batched:  # not profiled in batches: a call costs about what its tokens cost together
             return interpolate(self.tables[name], n * batch)
@@ -312,7 +316,9 @@ def load_or_profile(
             todo.append((backend, key))
         else:
             profile.tables[backend.name] = table
-        if batches:
+        if not backend.batches_natively:
+            profile.looped.add(backend.name)  # nothing to measure: B calls in a row
+        elif batches:
             batched = None if force else _read_cached(_cache_file(directory, backend, ".batch"), key, nested=True)
             if batched is None:
                 todo_batch.append((backend, key))

@@ -1,8 +1,15 @@
-"""Several sequences in one llama_decode: each gets the logits it would get alone."""
+"""Several sequences in one llama_decode: each gets the logits it would get alone, and the
+batch scheduler gives each request the greedy output it would get alone."""
 
 import numpy as np
+import pytest
 
-from .conftest import SMALL
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
+from specrouter.router import auto_router
+
+from .conftest import REFERENCE_TOKENS, SMALL, TARGET
+from .greedy_check import assert_outputs_match
 
 # Different batch shapes take different kernels (see test_rollback_real): same tolerance.
 MEAN_TOL, MAX_TOL = 0.15, 1.0
@@ -39,3 +46,34 @@ def test_decode_batch_matches_sequences_decoded_alone(pool):
     finally:
         for seq in seqs:
             model.free_sequence(seq)
+
+
+@pytest.mark.parametrize("speculation", ["0.5b -> 1.5b", "auto"])
+def test_batched_greedy_matches_each_sequence_alone(pool, references, speculation):
+    """The 8 reference prompts through the batch scheduler, 4 at a time, with different
+    lengths, half of them joining after others have started: every output equals the
+    target alone's (near-tie rule), and every KV slot is free afterwards."""
+    target = pool.level(TARGET)
+    if speculation == "auto":
+        router = auto_router(pool, TARGET, [SMALL, TARGET], progress=False)
+        plan = lambda r: router.session()  # noqa: E731
+    else:
+        chain = pool.chain([SMALL, TARGET], [3])
+        plan = lambda r: chain  # noqa: E731
+    scheduler = BatchScheduler(plan, max_batch=4)
+    ids = list(references)
+    lengths = {pid: REFERENCE_TOKENS - 7 * (i % 4) for i, pid in enumerate(ids)}
+    outputs, step = {}, 0
+    while len(outputs) < len(ids):
+        if step in (0, 6):
+            for pid in ids[:4] if step == 0 else ids[4:]:
+                scheduler.add(pid, SeqRequest(references[pid][0], SamplingParams(), lengths[pid]))
+        for event in scheduler.step():
+            assert not isinstance(event, Failed), event.error
+            if isinstance(event, Finished):
+                outputs[event.request_id] = event.result.token_ids
+        step += 1
+    assert max(max(s) for s in scheduler.batch_sizes.values()) > 1  # really batched
+    assert_outputs_match(target, references, outputs, f"batched {speculation}")
+    for model in (pool.level(SMALL), target):
+        assert len(model._free_slots) == model.n_seq_max  # nothing leaked

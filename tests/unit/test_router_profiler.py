@@ -112,3 +112,11 @@ def test_batch_profile_has_its_own_cache_file(tmp_path):
     calls = m.decode_calls
     again = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
     assert m.decode_calls == calls and again.batch_tables == first.batch_tables
+
+
+def test_backends_without_native_batching_are_costed_as_a_loop(tmp_path):
+    m = model(tmp_path)
+    m.batches_natively = False  # as the torch backend: decode_batch is one call per sequence
+    profile = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=lambda: m.simulated_seconds)
+    assert profile.batch_tables == {} and not (tmp_path / "profiles" / "m.batch.json").exists()
+    assert profile.seconds("m", 4, batch=3) == pytest.approx(3 * profile.seconds("m", 4))

@@ -101,3 +101,8 @@ def test_top_p_on_a_large_vocabulary_matches_the_full_sort():
 def test_invalid_sampling_parameters_are_refused(kwargs, message):
     with pytest.raises(InvalidParameterError, match=message.replace("(", r"\(").replace(")", r"\)")):
         SamplingParams(**kwargs)
+
+
+def test_tiny_temperature_is_the_argmax_not_nan():
+    probs = warp(np.array([1.0, 3.0, 2.0, 3.0 - 1e-3]), SamplingParams(temperature=1e-308))
+    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]

@@ -1,0 +1,280 @@
+"""The HTTP API (FastAPI): OpenAI's completions and chat completions, models, health, metrics.
+
+Every error leaves as OpenAI's body {"error": {message, type, param, code}}: bad input
+400, a missing or wrong API key 401, another model 404, a full queue 429, a timeout 504,
+shutting down 503. Once a stream has started, an error is sent as one `data: {"error":
+...}` event (the openai client raises it). A stream or request whose client disconnects
+cancels its sequence, which frees the sequence's KV state at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
+
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.chat import chat_prompt_tokens
+from specrouter.engine.batch import SeqRequest, Speculation
+from specrouter.engine.generate import GenerationResult
+from specrouter.errors import BackendError, SpecRouterError
+from specrouter.server import schemas as s
+from specrouter.server.config import ServeConfig
+from specrouter.server.service import Handle, QueueFullError, RequestTimeoutError, Service, ServiceStoppedError
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.body = status, s.ErrorResponse(error=s.ErrorDetail(message=message, type=type, param=param,
+                                                                             code=code))
+
+
+def _from_exception(exc: Exception) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, QueueFullError):
+        return APIError(429, str(exc), "rate_limit_error", code="queue_full")
+    if isinstance(exc, ServiceStoppedError):
+        return APIError(503, str(exc), "service_unavailable", code="shutting_down")
+    if isinstance(exc, RequestTimeoutError):
+        return APIError(504, str(exc), "timeout_error", code="request_timeout")
+    if isinstance(exc, SpecRouterError) and not isinstance(exc, BackendError):
+        # EmptyPromptError -> "empty_prompt": the error type names the problem.
+        code = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__.removesuffix("Error")).lower()
+        return APIError(400, str(exc), code=code)
+    return APIError(500, f"internal error: {exc}", "server_error")
+
+
+def _error_json(err: APIError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(err.body.model_dump(), status_code=err.status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if errors[0].get("type") == "json_invalid":
+            detail = errors[0].get("ctx", {}).get("error", "")
+            return _error_json(APIError(400, f"the body is not valid JSON: {detail}", code="json_invalid"))
+        locs = [[str(p) for p in e.get("loc", ()) if p != "body"] for e in errors]
+        message = "; ".join(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid')}" for loc, e in zip(locs, errors))
+        # param: the top-level field (deeper parts of a loc include pydantic's union member tags).
+        return _error_json(APIError(400, message, param=locs[0][0] if locs[0] else None, code=errors[0].get("type")))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error_json(APIError(exc.status_code, str(exc.detail), kind), getattr(exc, "headers", None))
+
+    # Expected errors get handlers of their own: Starlette re-raises (and logs) what only
+    # the catch-all Exception handler answers.
+    @app.exception_handler(APIError)
+    @app.exception_handler(SpecRouterError)
+    @app.exception_handler(Exception)
+    async def known_error(_: Request, exc: Exception) -> JSONResponse:
+        err = _from_exception(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+        return _error_json(err, headers)
+
+
+_MIN_TEMPERATURE = 1e-5
+_ERRORS = {code: {"model": s.ErrorResponse} for code in (400, 401, 404, 429, 503, 504)}
+
+
+def create_app(service: Service, config: ServeConfig) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        service.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(service.stop)
+
+    app = FastAPI(title="specrouter", summary="Lossless speculative decoding, OpenAI-compatible API",
+                  lifespan=lifespan)
+    _install_error_handlers(app)
+    bearer = HTTPBearer(auto_error=False)
+
+    async def check_key(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        key = config.api_key
+        if key is not None and (creds is None or not secrets.compare_digest(creds.credentials.encode(), key.encode())):
+            raise APIError(401, "missing or wrong API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)], responses=_ERRORS)
+    model = service.model_name
+
+    @v1.get("/models")
+    async def models() -> s.ModelList:
+        return s.ModelList(data=[s.ModelCard(id=model, created=service.created)])
+
+    async def generate(body, request: Request, tokens: list[int], max_tokens: int, prefix: str, chunks, whole):
+        """Submit, then stream chunks(...) or answer whole(id, created, result)."""
+        handle = await service.submit(_seq_request(body, tokens, service, max_tokens))
+        ident, created = f"{prefix}-{handle.id}", int(time.time())
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _sse(handle, chunks(handle, ident, created, model, include_usage))
+        result = await _result_unless_disconnected(handle, request)
+        if result is None:
+            return Response(status_code=499)  # nobody is listening; the sequence is cancelled
+        return whole(ident, created, result)
+
+    @v1.post("/completions", response_model=s.Completion,
+             responses={200: {"content": {"text/event-stream": {}}, "description": "with stream: server-sent events"}})
+    async def completions(body: s.CompletionRequest, request: Request):
+        _check_model(body.model, model)
+        if isinstance(body.prompt, str):
+            tokens = await asyncio.to_thread(service.target.tokenize, body.prompt)
+        else:
+            tokens = _checked_ids(body.prompt, service.target.n_tokens)
+
+        def whole(ident: str, created: int, r: GenerationResult) -> s.Completion:
+            return s.Completion(id=ident, created=created, model=model, usage=s.Usage.of(r),
+                                choices=[s.CompletionChoice(text=r.text, finish_reason=r.finish_reason)])
+
+        return await generate(body, request, tokens, body.max_tokens or config.max_tokens, "cmpl",
+                              _completion_chunks, whole)
+
+    @v1.post("/chat/completions", response_model=s.ChatCompletion,
+             responses={200: {"content": {"text/event-stream": {}}, "description": "with stream: server-sent events"}})
+    async def chat_completions(body: s.ChatCompletionRequest, request: Request):
+        _check_model(body.model, model)
+        messages = [{"role": m.role, "content": m.text} for m in body.messages]
+        tokens = await asyncio.to_thread(chat_prompt_tokens, service.target, messages)
+
+        def whole(ident: str, created: int, r: GenerationResult) -> s.ChatCompletion:
+            return s.ChatCompletion(id=ident, created=created, model=model, usage=s.Usage.of(r),
+                                    choices=[s.ChatChoice(message=s.AssistantMessage(content=r.text),
+                                                          finish_reason=r.finish_reason)])
+
+        max_tokens = body.max_completion_tokens or body.max_tokens or config.max_tokens
+        return await generate(body, request, tokens, max_tokens, "chatcmpl", _chat_chunks, whole)
+
+    app.include_router(v1)
+
+    @app.get("/health", responses={503: {"model": s.ErrorResponse}})
+    async def health() -> dict[str, str]:
+        if not service.alive:
+            raise APIError(503, "the scheduler is not running", "service_unavailable")
+        return {"status": "ok"}
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    async def metrics() -> Response:
+        return Response(service.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _check_model(requested: str, served: str) -> None:
+    if requested != served:
+        raise APIError(404, f"the model `{requested}` does not exist: this server serves `{served}`",
+                       param="model", code="model_not_found")
+
+
+def _checked_ids(ids: list[int], n_tokens: int) -> list[int]:
+    bad = next((t for t in ids if t >= n_tokens), None)
+    if bad is not None:
+        raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{n_tokens - 1})", param="prompt",
+                       code="invalid_token_id")
+    return ids
+
+
+def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: list[int], service: Service,
+                 max_tokens: int) -> SeqRequest:
+    # Below 1e-5 the warped distribution is argmax up to exact ties, and logits / T can
+    # overflow to inf: such temperatures are greedy (as in vLLM).
+    temperature = body.temperature if body.temperature >= _MIN_TEMPERATURE else 0.0
+    params = SamplingParams(temperature=temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
+    return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list,
+                      speculation=_speculation(body.speculation, service.levels))
+
+
+def _speculation(field: str | s.SpeculationChain | None, levels: list[str]) -> Speculation | None:
+    if field is None:
+        return None
+    if isinstance(field, str):
+        return Speculation(mode=field)
+    unknown = [n for n in field.chain if n not in levels]
+    if unknown or len(set(field.chain)) != len(field.chain):
+        raise APIError(400, f"speculation.chain must name distinct served levels ({', '.join(levels)}), "
+                            f"got {field.chain}", param="speculation.chain", code="invalid_chain")
+    return Speculation(mode="chain", chain=tuple(field.chain), draft_lengths=tuple(field.draft_lengths or ()))
+
+
+async def _result_unless_disconnected(handle: Handle, request: Request) -> GenerationResult | None:
+    """The request's result, or None (and the sequence cancelled) if the client left first."""
+    result = asyncio.ensure_future(handle.result())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not result.done():
+            result.cancel()
+            handle.cancel()
+    return result.result() if not result.cancelled() else None
+
+
+async def _disconnected(request: Request) -> None:
+    # After the body is read, the server's receive() answers only when the client leaves.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sse(handle: Handle, chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                yield f"data: {chunk.model_dump_json()}\n\n"
+        except Exception as exc:  # noqa: BLE001 - after the headers, an error can only travel in the stream
+            yield f"data: {_from_exception(exc).body.model_dump_json()}\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def cancel() -> None:  # async: it runs on the event loop, as everything else touching the handle
+        handle.cancel()
+
+    # The background task runs after the stream ends, also when the client disconnected.
+    return StreamingResponse(body(), media_type="text/event-stream", background=BackgroundTask(cancel))
+
+
+async def _completion_chunks(handle: Handle, ident: str, created: int, model: str,
+                             include_usage: bool) -> AsyncIterator[s.Completion]:
+    def chunk(choices, usage=None):
+        return s.Completion(id=ident, created=created, model=model, choices=choices, usage=usage)
+
+    async for item in handle.events():
+        if isinstance(item, str):
+            yield chunk([s.CompletionChoice(text=item, finish_reason=None)])
+        else:
+            yield chunk([s.CompletionChoice(text="", finish_reason=item.finish_reason)])
+            if include_usage:
+                yield chunk([], s.Usage.of(item))
+
+
+async def _chat_chunks(handle: Handle, ident: str, created: int, model: str,
+                       include_usage: bool) -> AsyncIterator[s.ChatCompletionChunk]:
+    def chunk(choices, usage=None):
+        return s.ChatCompletionChunk(id=ident, created=created, model=model, choices=choices, usage=usage)
+
+    yield chunk([s.ChatChunkChoice(delta=s.ChatDelta(role="assistant", content=""))])
+    async for item in handle.events():
+        if isinstance(item, str):
+            yield chunk([s.ChatChunkChoice(delta=s.ChatDelta(content=item))])
+        else:
+            yield chunk([s.ChatChunkChoice(delta=s.ChatDelta(), finish_reason=item.finish_reason)])
+            if include_usage:
+                yield chunk([], s.Usage.of(item))

@@ -1,0 +1,89 @@
+"""Server configuration: one TOML file of top-level keys, each overridable by a CLI flag.
+
+Defaults serve the default pool (the Qwen 0.5B drafting for the 1.5B target, routed per
+cycle) on 127.0.0.1:8000 without an API key. See README "Serving" for an example file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from specrouter.backends.ngram import NGRAM_NAME
+from specrouter.engine.batch import Speculation
+from specrouter.errors import InvalidParameterError
+
+DEFAULT_MODELS = ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[str] = Field(default_factory=lambda: list(DEFAULT_MODELS), min_length=1,
+                              description="the pool: names or paths sharing one tokenizer, cheapest first")
+    target: str | None = Field(None, description="the served model (default: the last of models)")
+    chain: str = Field("auto", description="a request's default speculation: auto, off, or levels a,b,target")
+    draft_lengths: list[int] | None = Field(None, description="with an explicit chain (default 4 per level)")
+    n_ctx: int = Field(4096, ge=16, description="context window per sequence")
+    threads: int | None = Field(None, ge=1, description="CPU threads per model (default: all cores)")
+    device: str = Field("cpu", description="where torch models run (cpu, cuda, cuda:N)")
+    cache_dir: Path | None = Field(None, description="folder of pulled models")
+    max_batch: int = Field(4, ge=1, description="sequences generating at once")
+    max_queue: int = Field(32, ge=0, description="requests waiting for a batch slot before 429")
+    max_tokens: int = Field(256, ge=1, description="a request's max_tokens when it gives none")
+    request_timeout: float = Field(600.0, ge=0, description="seconds before a request is cancelled (0: never)")
+    shutdown_timeout: float = Field(30.0, ge=0, description="seconds in-flight requests may finish on shutdown")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_key: str | None = Field(None, description="require `Authorization: Bearer <key>` on /v1")
+
+    @model_validator(mode="after")
+    def _check(self) -> ServeConfig:
+        if self.target is not None and self.target not in self.models:
+            raise ValueError(f"target {self.target!r} is not one of models {self.models}")
+        names = self.chain_names
+        if names is not None:
+            unknown = [n for n in names if n not in self.levels]
+            if unknown or names[-1] != self.served:
+                raise ValueError(f"chain {self.chain!r} must use levels of {self.levels} and end at {self.served!r}")
+        elif self.draft_lengths is not None:
+            raise ValueError("draft_lengths needs an explicit chain")
+        return self
+
+    @property
+    def served(self) -> str:
+        return self.target or self.models[-1]
+
+    @property
+    def levels(self) -> list[str]:
+        """What a chain may name: the n-gram drafter and the pool."""
+        return [NGRAM_NAME, *self.models]
+
+    @property
+    def chain_names(self) -> list[str] | None:
+        return None if self.chain in ("auto", "off") else [n.strip() for n in self.chain.split(",")]
+
+    def default_speculation(self) -> Speculation:
+        names = self.chain_names
+        if names is None:
+            return Speculation(mode=self.chain)
+        return Speculation(mode="chain", chain=tuple(names), draft_lengths=tuple(self.draft_lengths or ()))
+
+
+def load_config(path: Path | None = None, **overrides: Any) -> ServeConfig:
+    """The file's values, then every override that is not None; errors name the field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidParameterError(f"cannot read the config file {path}: {exc}") from None
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors())
+        raise InvalidParameterError(f"invalid server configuration: {problems}") from None

@@ -1,0 +1,66 @@
+"""Prometheus metrics of one server, named like vLLM's where the meaning matches.
+
+Each Metrics has its own registry, so several servers (tests) in one process never share
+counters. Counters are exposed with prometheus_client's `_total` suffix, as vLLM's are
+(e.g. specrouter:spec_decode_num_draft_tokens_total{level="qwen2.5-coder-0.5b"}).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from specrouter.engine.generate import GenerationResult
+
+# vLLM's buckets: from one fast token to a long prompt on a busy CPU.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0)
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                480.0, 960.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = reg = CollectorRegistry()
+        p = "specrouter:"
+        self.running = Gauge(p + "num_requests_running", "Requests generating now.", registry=reg)
+        self.waiting = Gauge(p + "num_requests_waiting", "Requests queued for a batch slot.", registry=reg)
+        self.batch_size = Histogram(p + "batch_size", "Sequences advanced by one scheduler step.",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64), registry=reg)
+        self.ttft = Histogram(p + "time_to_first_token_seconds", "From arrival to the first streamed text.",
+                              buckets=_TTFT_BUCKETS, registry=reg)
+        self.itl = Histogram(p + "inter_token_latency_seconds",
+                             "Between consecutive text deltas of a request (one delta per cycle: it may hold "
+                             "several tokens).", buckets=_ITL_BUCKETS, registry=reg)
+        self.e2e = Histogram(p + "e2e_request_latency_seconds", "From arrival to the last token.",
+                             buckets=_E2E_BUCKETS, registry=reg)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of finished requests.", registry=reg)
+        self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens of finished requests.",
+                                         registry=reg)
+        self.success = Counter(p + "request_success", "Finished requests.", ["finished_reason"], registry=reg)
+        self.failure = Counter(p + "request_failure", "Requests that did not finish (queue_full, invalid, "
+                               "cancelled, timeout, error, stopped).", ["reason"], registry=reg)
+        self.draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Tokens a level proposed to the level "
+                                    "above it.", ["level"], registry=reg)
+        self.accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens", "Proposed tokens the level above "
+                                       "accepted.", ["level"], registry=reg)
+        self.forwards = Counter(p + "spec_decode_num_forwards", "Model calls per level (0 for ngram).", ["level"],
+                                registry=reg)
+        self.chain_cycles = Counter(p + "spec_decode_chain_cycles", "Cycles run per chain (the router's choices).",
+                                    ["chain"], registry=reg)
+
+    def finished(self, result: GenerationResult) -> None:
+        self.success.labels(result.finish_reason).inc()
+        self.prompt_tokens.inc(result.prompt_tokens)
+        self.generation_tokens.inc(len(result.token_ids))
+        for s in result.levels:
+            self.forwards.labels(s.name).inc(s.forwards)
+            if s is not result.levels[-1]:  # the target proposes nothing
+                self.draft_tokens.labels(s.name).inc(s.proposed)
+                self.accepted_tokens.labels(s.name).inc(s.accepted)
+        for i, (names, _) in enumerate(result.chains_used):
+            self.chain_cycles.labels(",".join(names)).inc(result.chains_per_cycle.count(i))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,38 @@
+"""`specrouter serve`: load the pool, build the router and the scheduler, run uvicorn."""
+
+from __future__ import annotations
+
+import click
+
+from specrouter.engine.batch import BatchScheduler, pool_planner
+from specrouter.pool import Pool
+from specrouter.server.config import ServeConfig
+
+
+def serve(config: ServeConfig) -> None:
+    import uvicorn  # the serve extra: imported only by this command
+
+    from specrouter.router import auto_router
+    from specrouter.server.app import create_app
+    from specrouter.server.service import Service
+
+    # One KV slot per model for every sequence that can run at once.
+    pool = Pool(cache_dir=config.cache_dir, n_ctx=config.n_ctx, n_threads=config.threads,
+                n_seq_max=config.max_batch, device=config.device)
+    try:
+        router = auto_router(pool, config.served, config.models)
+        if router.message:
+            click.echo(f"note: {router.message}", err=True)
+        if config.chain_names is not None:
+            pool.chain(config.chain_names, config.draft_lengths)  # a bad default chain fails now, not per request
+        plan = pool_planner(pool, config.served, router, config.default_speculation())
+        service = Service(BatchScheduler(plan, config.max_batch), pool.level(config.served), config.levels,
+                          config.max_queue, config.request_timeout or None)
+        try:
+            uvicorn.run(create_app(service, config), host=config.host, port=config.port,
+                        timeout_graceful_shutdown=config.shutdown_timeout)
+        finally:
+            service.stop()  # a forced exit skips the app's shutdown: the worker must end before the models close
+        router.save_estimates()  # what this run learned about acceptance informs the next one
+    finally:
+        pool.close()

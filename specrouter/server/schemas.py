@@ -1,0 +1,211 @@
+"""Request and response bodies of the HTTP API: OpenAI's shapes plus one extension.
+
+The extension is `speculation` on a request ("auto", "off", or a fixed chain with draft
+lengths) and `usage.speculation` on a response (what that request's chain did). Fields
+of OpenAI's API that the engine cannot honour (logprobs, n > 1, penalties...) are not
+declared: unknown fields are ignored, as OpenAI-compatible servers commonly do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specrouter.engine.generate import GenerationResult
+
+Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
+TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+StopString = Annotated[str, Field(min_length=1)]
+DraftLength = Annotated[int, Field(ge=1, le=32)]
+
+
+class SpeculationChain(BaseModel):
+    """A fixed chain: served level names, cheapest first, ending at the served model."""
+
+    model_config = ConfigDict(extra="forbid")
+    chain: list[str] = Field(min_length=1, max_length=8)
+    draft_lengths: list[DraftLength] | None = Field(None, max_length=7, description="default 4 per drafting level")
+
+
+Speculation = Literal["auto", "off"] | SpeculationChain
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by both endpoints."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1, description="default: the server's max_tokens")
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: int = Field(0, ge=0, description="0 disables (extension, as in vLLM)")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: StopString | list[StopString] | None = Field(None, max_length=8)
+    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    speculation: Speculation | None = Field(None, description="default: the server's chain setting")
+
+    @property
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[Annotated[int, Field(ge=0)]] = Field(description="text, or token ids")
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="newer name of max_tokens")
+
+
+# Responses ------------------------------------------------------------------------------
+
+
+class LevelUsage(BaseModel):
+    name: str
+    proposed: int
+    accepted: int
+    acceptance: float | None
+    forwards: int
+
+
+class ChainUsage(BaseModel):
+    chain: list[str]
+    draft_lengths: list[int]
+    cycles: int
+
+
+class SpeculationUsage(BaseModel):
+    chain: list[str] = Field(description="the chain that ran most cycles")
+    draft_lengths: list[int]
+    chains_used: list[ChainUsage]
+    levels: list[LevelUsage] = Field(description="per model, summed over every chain it ran in; target last")
+    cycles: int
+    mean_tokens_per_cycle: float
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    speculation: SpeculationUsage
+
+    @classmethod
+    def of(cls, r: GenerationResult) -> Usage:
+        cycles = [r.chains_per_cycle.count(i) for i in range(len(r.chains_used))]
+        spec = SpeculationUsage(
+            chain=r.chain,
+            draft_lengths=r.draft_lengths,
+            chains_used=[ChainUsage(chain=c, draft_lengths=k, cycles=n) for (c, k), n in zip(r.chains_used, cycles)],
+            levels=[LevelUsage(name=s.name, proposed=s.proposed, accepted=s.accepted, acceptance=s.acceptance,
+                               forwards=s.forwards) for s in r.levels],
+            cycles=r.cycles,
+            mean_tokens_per_cycle=len(r.token_ids) / r.cycles if r.cycles else 0.0,
+        )
+        n = len(r.token_ids)
+        return cls(prompt_tokens=r.prompt_tokens, completion_tokens=n, total_tokens=r.prompt_tokens + n,
+                   speculation=spec)
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specrouter"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,258 @@
+"""The bridge between the event loop (HTTP) and the BatchScheduler (one worker thread).
+
+The scheduler and its backends are not thread-safe, so one worker thread owns them: it
+applies the inbox (adds, cancels) and calls step() while there is work, and sleeps on a
+condition when there is none. The event loop only posts to the inbox; the worker hands
+results back with loop.call_soon_threadsafe (admission answers to futures, events to
+each request's asyncio queue). Admission is decided in the worker, where the scheduler's
+queue length is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+from specrouter.backends.base import Backend
+from specrouter.engine.batch import BatchScheduler, Delta, Event, Failed, Finished, SeqRequest
+from specrouter.engine.generate import GenerationResult
+from specrouter.errors import SpecRouterError
+from specrouter.server.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(SpecRouterError):
+    """max_queue requests are already waiting for a batch slot."""
+
+
+class ServiceStoppedError(SpecRouterError):
+    """The server is shutting down."""
+
+
+class RequestTimeoutError(SpecRouterError):
+    """The request ran longer than request_timeout and was cancelled."""
+
+
+class Service:
+    def __init__(self, scheduler: BatchScheduler, target: Backend, levels: Sequence[str], max_queue: int,
+                 request_timeout: float | None = None, metrics: Metrics | None = None) -> None:
+        self.scheduler, self.target = scheduler, target
+        self.model_name = target.name
+        self.levels = list(levels)  # names a request's speculation chain may use
+        self.max_queue, self.request_timeout = max_queue, request_timeout
+        self.metrics = metrics or Metrics()
+        self.created = int(time.time())
+        self._cond = threading.Condition()
+        self._inbox: list[tuple] = []
+        self._stopping = False
+        self._handles: dict[str, Handle] = {}  # worker-side: requests the scheduler holds
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # Event-loop side ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Called on the running event loop that will consume the events."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="specrouter-worker", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    @property
+    def live_sequences(self) -> int:
+        """Requests the scheduler still holds (waiting or running): 0 when idle, else a leak."""
+        return len(self._handles)
+
+    async def submit(self, request: SeqRequest) -> Handle:
+        """Queue a request; raises its admission error (bad input, QueueFullError, ServiceStoppedError)."""
+        assert self._loop is not None, "Service.start() was not called"
+        handle = Handle(self, uuid.uuid4().hex, self._loop)
+        admitted = self._loop.create_future()
+        self._post(("add", handle, request, admitted))
+        try:
+            await admitted
+        except asyncio.CancelledError:
+            self._post(("cancel", handle.id))  # the client left while we waited for admission
+            raise
+        except QueueFullError:
+            self.metrics.failure.labels("queue_full").inc()
+            raise
+        except ServiceStoppedError:
+            self.metrics.failure.labels("stopped").inc()
+            raise
+        except SpecRouterError:
+            self.metrics.failure.labels("invalid").inc()
+            raise
+        except Exception:
+            self.metrics.failure.labels("error").inc()
+            raise
+        return handle
+
+    def stop(self) -> None:
+        """Cancel whatever is still running and end the worker (blocking: call it off the loop)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _post(self, op: tuple) -> None:
+        with self._cond:
+            if self._stopping and op[0] == "add":
+                _resolve(op[3], ServiceStoppedError("the server is shutting down"))
+                return
+            self._inbox.append(op)
+            self._cond.notify()
+
+    # Worker side -------------------------------------------------------------------------
+    def _run(self) -> None:
+        sched = self.scheduler
+        while True:
+            with self._cond:
+                while not (self._inbox or self._stopping or sched.n_active or sched.n_waiting):
+                    self._cond.wait()
+                ops, self._inbox = self._inbox, []
+                stopping = self._stopping
+            for op in ops:
+                self._apply(op, stopping)
+            if stopping:
+                self._shutdown()
+                return
+            if sched.n_active or sched.n_waiting:
+                self._step()
+            self.metrics.running.set(sched.n_active)
+            self.metrics.waiting.set(sched.n_waiting)
+
+    def _apply(self, op: tuple, stopping: bool) -> None:
+        if op[0] == "cancel":
+            if self._handles.pop(op[1], None) is not None:
+                self.scheduler.cancel(op[1])
+            return
+        _, handle, request, admitted = op
+        if admitted.cancelled():
+            return
+        try:
+            if stopping:
+                raise ServiceStoppedError("the server is shutting down")
+            if self.scheduler.n_waiting >= self.max_queue:
+                raise QueueFullError(f"{self.scheduler.n_waiting} requests are already waiting "
+                                     f"(max_queue {self.max_queue}); retry later")
+            self.scheduler.add(handle.id, request)
+        except Exception as exc:  # noqa: BLE001 - every admission error goes back to its request
+            self._call(_resolve, admitted, exc)
+            return
+        self._handles[handle.id] = handle
+        self._call(_resolve, admitted, None)
+
+    def _step(self) -> None:
+        try:
+            events = self.scheduler.step()
+        except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, the server goes on
+            log.exception("scheduler step failed")
+            events = [Failed(rid, exc) for rid in self._handles]
+            self.scheduler.close()
+        ended = sum(not isinstance(e, Delta) for e in events)
+        self.metrics.batch_size.observe(self.scheduler.n_active + ended)
+        deliveries = []
+        for event in events:
+            handle = self._handles.get(event.request_id)
+            if handle is None:
+                continue
+            if not isinstance(event, Delta):
+                del self._handles[event.request_id]
+            deliveries.append((handle, event))
+        if deliveries:
+            self._call(_deliver, deliveries)
+
+    def _shutdown(self) -> None:
+        self.scheduler.close()
+        stopped = ServiceStoppedError("the server shut down before the request finished")
+        self._call(_deliver, [(h, Failed(rid, stopped)) for rid, h in self._handles.items()])
+        self._handles.clear()
+        self.metrics.running.set(0)
+        self.metrics.waiting.set(0)
+
+    def _call(self, fn, *args) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
+
+def _resolve(future: asyncio.Future, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)
+
+
+def _deliver(deliveries: list[tuple[Handle, Event]]) -> None:
+    for handle, event in deliveries:
+        handle.queue.put_nowait(event)
+
+
+class Handle:
+    """One admitted request, on the event loop: its events, its deadline, its cancel."""
+
+    def __init__(self, service: Service, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.service, self.id = service, request_id
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.arrival = loop.time()
+        timeout = service.request_timeout
+        self.deadline = self.arrival + timeout if timeout else None
+        self.done = False
+
+    async def events(self) -> AsyncIterator[str | GenerationResult]:
+        """Text deltas, then the GenerationResult; raises the request's error or RequestTimeoutError."""
+        metrics, loop = self.service.metrics, asyncio.get_running_loop()
+        last = None
+        while True:
+            try:
+                async with asyncio.timeout_at(self.deadline):
+                    event = await self.queue.get()
+            except TimeoutError:
+                self.done = True
+                self.service._post(("cancel", self.id))
+                metrics.failure.labels("timeout").inc()
+                raise RequestTimeoutError(f"the request ran longer than {self.service.request_timeout} s") from None
+            now = loop.time()
+            if isinstance(event, Delta):
+                if last is None:
+                    metrics.ttft.observe(now - self.arrival)
+                elif event.tokens:  # a cycle commits several tokens at once: each waited gap / k
+                    for _ in range(event.tokens):
+                        metrics.itl.observe((now - last) / event.tokens)
+                last = now
+                yield event.text
+            elif isinstance(event, Finished):
+                self.done = True
+                metrics.e2e.observe(now - self.arrival)
+                metrics.finished(event.result)
+                yield event.result
+                return
+            else:
+                self.done = True
+                metrics.failure.labels("stopped" if isinstance(event.error, ServiceStoppedError) else "error").inc()
+                raise event.error
+
+    async def result(self) -> GenerationResult:
+        async for item in self.events():
+            if isinstance(item, GenerationResult):
+                return item
+        raise AssertionError("events() ended without a result")
+
+    def cancel(self) -> None:
+        """Free the sequence unless it already ended (idempotent)."""
+        if not self.done:
+            self.done = True
+            self.service.metrics.failure.labels("cancelled").inc()
+            self.service._post(("cancel", self.id))

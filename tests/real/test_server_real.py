@@ -1,0 +1,84 @@
+"""`specrouter serve` on the real default pool: a subprocess on a loopback port, driven by
+the openai client, stopped with SIGINT."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from .conftest import REFERENCE_TOKENS, SMALL, TARGET
+
+CLI = str(Path(sys.executable).with_name("specrouter"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(pool):
+    port = free_port()
+    # The test pool's context and slots, so that the target alone evaluates exactly as in the references.
+    proc = subprocess.Popen([CLI, "serve", "--port", str(port), "--n-ctx", "2048", "--max-batch", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                break
+        except httpx.ConnectError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up"
+        time.sleep(0.5)
+    client = openai.OpenAI(api_key="unused", base_url=url + "/v1", max_retries=0, timeout=300)
+    yield url, proc, client
+    client.close()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+
+
+def test_serves_the_default_target(server):
+    assert [m.id for m in server[2].models.list()] == [TARGET]
+
+
+def test_without_speculation_the_text_is_the_references(pool, references, server):
+    target = pool.level(TARGET)
+    for pid, (tokens, expected) in list(references.items())[:2]:
+        r = server[2].completions.create(model=TARGET, prompt=tokens, max_tokens=REFERENCE_TOKENS, temperature=0,
+                                         extra_body={"speculation": "off"})
+        assert r.choices[0].text == target.detokenize(expected), pid
+        assert r.usage.speculation["chain"] == [TARGET]
+
+
+def test_streamed_chat_with_routing_and_a_fixed_chain(server):
+    url, _, client = server
+    messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+    chunks = list(client.chat.completions.create(model=TARGET, messages=messages, max_tokens=32, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip() and chunks[-1].usage.speculation["levels"][-1]["name"] == TARGET
+    r = client.chat.completions.create(model=TARGET, messages=messages, max_tokens=32, temperature=0,
+                                       extra_body={"speculation": {"chain": [SMALL, TARGET], "draft_lengths": [3]}})
+    small = r.usage.speculation["levels"][0]
+    assert small["name"] == SMALL and 0 < small["accepted"] <= small["proposed"]
+    metrics = httpx.get(url + "/metrics").text
+    assert f'specrouter:spec_decode_num_draft_tokens_total{{level="{SMALL}"}}' in metrics
+
+
+def test_sigint_shuts_down_cleanly(server):
+    _, proc, _ = server
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 0
+    output = proc.stdout.read()
+    assert "Traceback" not in output and "Application shutdown complete" in output

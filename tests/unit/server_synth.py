@@ -1,0 +1,107 @@
+"""A server over synthetic models on a loopback port, for the server tests.
+
+Synthetic tokenizers map one character to one token (and token t to the letter chr(97 + t)),
+so a streamed text shows every token in order: lost, repeated or swapped tokens change it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import uvicorn
+
+from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.chat import chat_prompt_tokens
+from specrouter.engine import generate
+from specrouter.engine.batch import BatchScheduler, Speculation, pool_planner
+from specrouter.errors import UnknownModelError
+from specrouter.server.app import create_app
+from specrouter.server.config import ServeConfig
+from specrouter.server.service import Service
+
+from .router_synth import linear, make_router
+
+MODEL = "target"
+LEVELS = [NGRAM_NAME, "small", "mid", MODEL]
+N_CTX = 512
+
+
+def family(sleep: bool = False) -> list[SyntheticBackend]:
+    """small, mid, target (cheapest first), with GPU-like simulated costs (a target forward
+    about 5 ms) that the router plans with; sleep=True also spends them in wall time."""
+    kw = dict(vocab=16, n_ctx=N_CTX, sleep=sleep)
+    return [SyntheticBackend("small", model_seed=3, noise=1.0, params_b=0.1, latency=linear(0.0003, 0.00005), **kw),
+            SyntheticBackend("mid", model_seed=2, noise=0.5, params_b=1.0, latency=linear(0.0012, 0.0002), **kw),
+            SyntheticBackend(MODEL, params_b=7.0, latency=linear(0.005, 0.0004), **kw)]
+
+
+class SynthPool:
+    """What pool_planner needs of a Pool: chains of these models by name."""
+
+    def __init__(self, models: list[SyntheticBackend]) -> None:
+        self.by_name = {m.name: m for m in models}
+
+    def chain(self, names, draft_lengths=None) -> Chain:
+        for n in names:
+            if n != NGRAM_NAME and n not in self.by_name:
+                raise UnknownModelError(f"unknown model {n!r}")
+        levels = [NgramDrafter() if n == NGRAM_NAME else self.by_name[n] for n in names]
+        return Chain(levels, list(draft_lengths) if draft_lengths is not None else [4] * (len(levels) - 1))
+
+
+def build_service(sleep: bool = False, max_batch: int = 4, max_queue: int = 16,
+                  request_timeout: float | None = None, routed: bool = True) -> tuple[Service, list[SyntheticBackend]]:
+    models = family(sleep)
+    small, mid, target = models
+    router = make_router(target, [small, mid]) if routed else None
+    plan = pool_planner(SynthPool(models), MODEL, router, Speculation())
+    service = Service(BatchScheduler(plan, max_batch), target, LEVELS, max_queue, request_timeout)
+    return service, models
+
+
+def reference_text(prompt: str | None = None, max_tokens: int = 16, messages: list | None = None) -> str:
+    """The target's greedy text alone, on fresh models: what every lossless chain must produce."""
+    target = family()[2]
+    tokens = chat_prompt_tokens(target, messages) if messages is not None else target.tokenize(prompt)
+    return generate(Chain([target], []), tokens, SamplingParams(), max_tokens).text
+
+
+def leaked_kv(models: list[SyntheticBackend]) -> int:
+    """Sequences still holding KV cells in any model (private state: the strongest leak check)."""
+    return sum(len(m._kv) for m in models)
+
+
+@contextmanager
+def running_server(service: Service, graceful: float = 5.0, **config) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Start uvicorn on 127.0.0.1 (a free port) in a thread; yields (base url, server)."""
+    app = create_app(service, ServeConfig(models=LEVELS[1:], **config))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           timeout_graceful_shutdown=graceful))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the server did not stop"
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -1,0 +1,98 @@
+"""Server configuration: TOML file, CLI flags over it, defaults, and bad values."""
+
+import pytest
+from click.testing import CliRunner
+
+from specrouter.cli import main
+from specrouter.engine.batch import Speculation
+from specrouter.errors import InvalidParameterError
+from specrouter.server import run
+from specrouter.server.config import DEFAULT_MODELS, ServeConfig, load_config
+
+SMALL, TARGET = DEFAULT_MODELS
+
+TOML = f"""
+models = ["{SMALL}", "{TARGET}"]
+chain = "ngram,{SMALL},{TARGET}"
+draft_lengths = [3, 2]
+max_batch = 2
+max_queue = 5
+request_timeout = 30
+port = 9000
+api_key = "from-file"
+"""
+
+
+def test_defaults_serve_the_default_pool_on_loopback():
+    c = load_config()
+    assert (c.models, c.served, c.chain, c.host, c.port, c.api_key) == (DEFAULT_MODELS, TARGET, "auto", "127.0.0.1",
+                                                                      8000, None)
+    assert c.default_speculation() == Speculation()
+    assert c.levels == ["ngram", SMALL, TARGET]
+
+
+def test_flags_override_the_file(tmp_path):
+    path = tmp_path / "serve.toml"
+    path.write_text(TOML)
+    c = load_config(path, port=9100, max_queue=None)
+    assert (c.port, c.max_queue, c.max_batch, c.request_timeout, c.api_key) == (9100, 5, 2, 30.0, "from-file")
+    assert c.default_speculation() == Speculation("chain", ("ngram", SMALL, TARGET), (3, 2))
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"max_batch": 0}, "max_batch: Input should be greater than or equal to 1"),
+    ({"colour": "red"}, "colour: Extra inputs are not permitted"),
+    ({"target": "other"}, "target 'other' is not one of models"),
+    ({"chain": f"{TARGET},{SMALL}"}, "must use levels of"),
+    ({"chain": f"missing,{TARGET}"}, "must use levels of"),
+    ({"draft_lengths": [2]}, "draft_lengths needs an explicit chain"),
+    ({"port": 70000}, "port: Input should be less than or equal to 65535"),
+])
+def test_bad_values_name_the_field(values, message):
+    with pytest.raises(InvalidParameterError, match="invalid server configuration") as info:
+        load_config(**values)
+    assert message in str(info.value)
+
+
+def test_an_unreadable_file_is_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("port = = 1")
+    with pytest.raises(InvalidParameterError, match="cannot read the config file"):
+        load_config(bad)
+    with pytest.raises(InvalidParameterError, match="cannot read the config file"):
+        load_config(tmp_path / "missing.toml")
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """`specrouter serve` up to the point where it would load models."""
+    seen: list[ServeConfig] = []
+    monkeypatch.setattr(run, "serve", seen.append)
+    return seen
+
+
+def test_serve_without_arguments_uses_the_defaults(served):
+    result = CliRunner().invoke(main, ["serve"], env={"SPECROUTER_API_KEY": None})
+    assert result.exit_code == 0, result.output
+    assert served == [load_config()]
+
+
+def test_serve_flags_and_environment_override_the_file(served, tmp_path):
+    path = tmp_path / "serve.toml"
+    path.write_text(TOML)
+    args = ["serve", "--config", str(path), "--port", "9200", "--max-batch", "3", "--chain", "off",
+            "--models", f"{SMALL},{TARGET}", "--host", "0.0.0.0", "--request-timeout", "0"]
+    result = CliRunner().invoke(main, args, env={"SPECROUTER_API_KEY": "from-env"})
+    assert result.exit_code != 0 and "draft_lengths needs an explicit chain" in result.output  # the file's lengths
+    path.write_text(TOML.replace("draft_lengths = [3, 2]", ""))
+    result = CliRunner().invoke(main, args, env={"SPECROUTER_API_KEY": "from-env"})
+    assert result.exit_code == 0, result.output
+    c = served[-1]
+    assert (c.port, c.max_batch, c.chain, c.host, c.request_timeout, c.api_key, c.max_queue) == (
+        9200, 3, "off", "0.0.0.0", 0, "from-env", 5)
+
+
+def test_serve_with_a_bad_flag_exits_2_with_one_line(served):
+    result = CliRunner().invoke(main, ["serve", "--max-queue", "-1"])
+    assert result.exit_code == 2 and not served
+    assert result.output.startswith("error: invalid server configuration: max_queue")

@@ -1,0 +1,139 @@
+"""API key, full queue, disconnects, timeouts and shutdown, on real loopback servers."""
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+
+from .server_synth import MODEL, build_service, leaked_kv, running_server, wait_until
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    return response.json()["error"]
+
+
+def sse_data(lines) -> list[str]:
+    return [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+
+
+def drained(service, models) -> bool:
+    """Every sequence cancelled or finished and its KV cells freed in every model."""
+    return wait_until(lambda: service.live_sequences == 0 and leaked_kv(models) == 0)
+
+
+def failures(service, reason: str) -> float:
+    return service.metrics.failure.labels(reason)._value.get()
+
+
+def test_api_key_is_required_on_v1_only():
+    service, _ = build_service()
+    with running_server(service, api_key="sekrit") as (url, _):
+        body = {"model": MODEL, "prompt": "abc", "max_tokens": 3}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic sekrit"}):
+            r = httpx.post(url + "/v1/completions", json=body, headers=headers)
+            assert error_of(r, 401)["code"] == "invalid_api_key" and r.headers["www-authenticate"] == "Bearer"
+        assert httpx.get(url + "/v1/models").status_code == 401
+        assert httpx.get(url + "/health").status_code == 200 and httpx.get(url + "/metrics").status_code == 200
+        with openai.OpenAI(api_key="sekrit", base_url=url + "/v1", max_retries=0) as ok:
+            assert len(ok.completions.create(**body).choices[0].text) == 3
+        with openai.OpenAI(api_key="wrong", base_url=url + "/v1", max_retries=0) as bad:
+            with pytest.raises(openai.AuthenticationError):
+                bad.completions.create(**body)
+
+
+def test_a_full_queue_answers_429():
+    service, models = build_service(sleep=True, max_batch=1, max_queue=1)
+    long = {"model": MODEL, "prompt": "abc", "max_tokens": 400, "stream": True}
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json=long) as running:
+            lines = running.iter_lines()  # kept: dropping a half-read iterator closes the connection
+            next(lines)  # the first chunk: this request holds the only batch slot
+            with http.stream("POST", "/v1/completions", json=long) as waiting:
+                assert waiting.status_code == 200  # admitted: it waits in the queue
+                err = error_of(http.post("/v1/completions", json={**long, "stream": False}), 429)
+                assert (err["type"], err["code"]) == ("rate_limit_error", "queue_full")
+                with openai.OpenAI(api_key="x", base_url=url + "/v1", max_retries=0) as client:
+                    with pytest.raises(openai.RateLimitError):
+                        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+        assert drained(service, models)
+        assert failures(service, "queue_full") == 2 and failures(service, "cancelled") == 2
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_sequence():
+    service, models = build_service(sleep=True)
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions",
+                         json={"model": MODEL, "prompt": "abc", "max_tokens": 400, "stream": True}) as r:
+            lines = r.iter_lines()
+            chunks = [json.loads(d) for d in sse_data(next(lines) for _ in range(6))]
+            assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+            assert service.live_sequences == 1
+        assert drained(service, models)  # the stream was closed after 3 chunks of 400 tokens
+        assert failures(service, "cancelled") == 1
+        assert service.metrics.success.labels("length")._value.get() == 0
+
+
+def test_a_client_that_gives_up_on_a_non_streamed_request_frees_its_sequence():
+    service, models = build_service(sleep=True)
+    with running_server(service) as (url, _):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "abc", "max_tokens": 400}, timeout=0.5)
+        assert drained(service, models) and failures(service, "cancelled") == 1
+
+
+def test_a_request_timeout_cancels_the_request():
+    service, models = build_service(sleep=True, request_timeout=0.3)
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 400}
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        err = error_of(http.post("/v1/completions", json=body), 504)
+        assert (err["type"], err["code"]) == ("timeout_error", "request_timeout")
+        with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+            data = sse_data(r.iter_lines())
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "request_timeout"
+        assert all("choices" in json.loads(d) for d in data[:-2])
+        with openai.OpenAI(api_key="x", base_url=url + "/v1", max_retries=0) as client:
+            with pytest.raises(openai.APIError, match="longer than"):
+                list(client.completions.create(**body, stream=True))
+        assert drained(service, models) and failures(service, "timeout") == 3
+
+
+def test_shutdown_lets_an_in_flight_stream_finish():
+    service, models = build_service(sleep=True)
+    with running_server(service, graceful=20) as (url, server):
+        with httpx.stream("POST", url + "/v1/completions", timeout=30,
+                          json={"model": MODEL, "prompt": "abc", "max_tokens": 60, "stream": True}) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            server.should_exit = True  # as on SIGINT / SIGTERM
+            data = sse_data([first, *lines])
+        texts = [json.loads(d)["choices"][0]["text"] for d in data[:-1]]
+        assert data[-1] == "[DONE]" and len("".join(texts)) == 60
+        assert wait_until(lambda: not service.alive)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(url + "/health")
+    assert leaked_kv(models) == 0 and service.live_sequences == 0
+
+
+def test_shutdown_past_its_timeout_cancels_what_is_still_running():
+    service, models = build_service(sleep=True)
+    seen: list[str] = []
+
+    def read(url):
+        try:
+            with httpx.stream("POST", url + "/v1/completions", timeout=30,
+                              json={"model": MODEL, "prompt": "abc", "max_tokens": 450, "stream": True}) as r:
+                seen.extend(r.iter_lines())
+        except httpx.HTTPError:
+            pass  # the server cut the stream
+
+    with running_server(service, graceful=0.3) as (url, server):
+        reader = threading.Thread(target=read, args=(url,))
+        reader.start()
+        assert wait_until(lambda: service.live_sequences == 1 and seen)
+        server.should_exit = True
+        reader.join(timeout=30)
+    assert "data: [DONE]" not in seen
+    assert service.live_sequences == 0 and leaked_kv(models) == 0 and not service.alive
