@@ -195,12 +195,13 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--max-tokens", type=int, help="A request's max_tokens when it gives none (default 256).")
 @click.option("--request-timeout", type=float, help="Seconds before a request is cancelled; 0 = never (default 600).")
 @click.option("--shutdown-timeout", type=float, help="Seconds in-flight requests may finish on shutdown (default 30).")
+@click.option("--stall-seconds", type=float, help="Drop a draft model from its requests when a call takes longer (default 0: never).")
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port (default 8000).")
 @click.option("--api-key", envvar="SPECROUTER_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 (env SPECROUTER_API_KEY).")
 @_cache_option
 def serve_cmd(config_file, models, target, chain, draft_lengths, n_ctx, threads, device, max_batch, max_queue,
-              max_tokens, request_timeout, shutdown_timeout, host, port, api_key, cache_dir) -> None:
+              max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, cache_dir) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra)."""
     try:
         from specrouter.server.config import load_config
@@ -213,7 +214,7 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, n_ctx, threads,
         draft_lengths=parse_draft_lengths(draft_lengths, 0) if draft_lengths else None,
         target=target, chain=chain, n_ctx=n_ctx, threads=threads, device=device, max_batch=max_batch,
         max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
-        shutdown_timeout=shutdown_timeout, host=host, port=port, api_key=api_key, cache_dir=cache_dir,
+        shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key, cache_dir=cache_dir,
     )
     serve(config)
 

@@ -77,13 +77,14 @@ class SequenceState:
         self.evaluated[backend.name] = self.evaluated.get(backend.name, 0) + len(fresh)
 
     def forget(self, backend: Backend) -> None:
-        """Free this sequence's slot of one model (a model that failed: its cache is unknown)."""
+        """Free this sequence's slot of one model that is dropped (it failed or stalled)."""
         key = id(backend)
         if key in self._slots:
             try:
                 backend.free_sequence(self._slots[key])
-            finally:
-                del self._slots[key], self._cached[key], self._backends[key]
+            except Exception:  # noqa: BLE001 - a broken model may fail this too; the request goes on without it
+                pass
+            del self._slots[key], self._cached[key], self._backends[key]
 
     def rollback_to(self, committed: Sequence[int]) -> None:
         """Drop every cached position that is not part of the committed tokens."""

@@ -181,9 +181,13 @@ class BatchScheduler:
         seconds = self.clock() - start
         self.batch_sizes.setdefault(backend.name, Counter())[len(group)] += 1
         fed = sum(len(item[1]) for item in items)
-        stalled = self.stall_seconds is not None and seconds > self.stall_seconds
-        for j, ((rid, a), item, logits) in enumerate(zip(group, items, outputs)):
+        for (rid, a), item in zip(group, items):
             a.run.state.fed(backend, item[1])
+        if self.stall_seconds is not None and seconds > self.stall_seconds and backend is not group[0][1].run.target:
+            for rid, a in group:  # a cycle waiting on it again would stall again: rerun it without it
+                self._drop(a, backend)
+            return
+        for j, ((rid, a), logits) in enumerate(zip(group, outputs)):
             request = a.pending
             request.fed, request.seconds, request.shared, request.batch = fed, seconds, j > 0, len(group)
             try:
@@ -192,9 +196,6 @@ class BatchScheduler:
                 self._end_cycle(rid, a, done.value, events)
             except Exception as exc:  # noqa: BLE001
                 self._fail(rid, a, exc, events)
-                continue
-            if stalled and backend is not a.run.target and rid in self._active:
-                a.run.drop_model(backend.name)  # from its next cycle on
 
     def _end_cycle(self, rid: str, a: _Active, new: list[int], events: list[Event]) -> None:
         a.steps = a.pending = None
@@ -225,10 +226,16 @@ class BatchScheduler:
         if backend is a.run.target:
             self._fail(rid, a, exc, events)
             return
+        self._drop(a, backend)
+
+    @staticmethod
+    def _drop(a: _Active, backend) -> None:
+        """Abandon the cycle in progress (nothing of it is committed) and go on without this model."""
         a.steps.close()
         a.steps = a.pending = None
         a.run.abandon_cycle()
         a.run.drop_model(backend.name)
+        a.run.state.forget(backend)
 
 
 def pool_planner(pool, target: str, router=None, default: Speculation = Speculation()) -> Planner:

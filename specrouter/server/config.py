@@ -36,6 +36,8 @@ class ServeConfig(BaseModel):
     max_tokens: int = Field(256, ge=1, description="a request's max_tokens when it gives none")
     request_timeout: float = Field(600.0, ge=0, description="seconds before a request is cancelled (0: never)")
     shutdown_timeout: float = Field(30.0, ge=0, description="seconds in-flight requests may finish on shutdown")
+    stall_seconds: float = Field(0.0, ge=0, description="a draft model call slower than this is dropped from its "
+                                                       "requests (0: never)")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = Field(None, description="require `Authorization: Bearer <key>` on /v1")

@@ -26,7 +26,8 @@ def serve(config: ServeConfig) -> None:
         if config.chain_names is not None:
             pool.chain(config.chain_names, config.draft_lengths)  # a bad default chain fails now, not per request
         plan = pool_planner(pool, config.served, router, config.default_speculation())
-        service = Service(BatchScheduler(plan, config.max_batch), pool.level(config.served), config.levels,
+        scheduler = BatchScheduler(plan, config.max_batch, stall_seconds=config.stall_seconds or None)
+        service = Service(scheduler, pool.level(config.served), config.levels,
                           config.max_queue, config.request_timeout or None)
         try:
             uvicorn.run(create_app(service, config), host=config.host, port=config.port,

@@ -259,3 +259,20 @@ def test_deltas_count_every_committed_token_once():
     for rid, events in drain(scheduler).items():
         result = finished(events)
         assert sum(e.tokens for e in events if isinstance(e, Delta)) == len(result.token_ids)
+
+
+def test_stalling_draft_is_dropped_after_its_slow_call():
+    from .router_synth import simulated_clock
+
+    target, mid, _ = models()
+    small = SyntheticBackend("small", vocab=VOCAB, model_seed=3, noise=1.2, eos_id=EOS, latency=lambda n: 5.0)
+    chain = Chain([small, mid, target], [2, 3])
+    scheduler = BatchScheduler(lambda r: chain, max_batch=2, stall_seconds=1.0, clock=simulated_clock([small, mid, target]))
+    for i in (0, 2):
+        scheduler.add(str(i), SeqRequest(PROMPTS[i], SamplingParams(), 30))
+    events = drain(scheduler)
+    for i in (0, 2):
+        result = finished(events[str(i)])
+        assert result.token_ids == generate(Chain([target], []), PROMPTS[i], SamplingParams(), 30).token_ids
+        assert [c for c, _ in result.chains_used] == [["small", "mid", "target"], ["mid", "target"]]
+    assert small.decode_calls == 1 and small.live_sequences == 0  # one slow (batched) call, then never again
