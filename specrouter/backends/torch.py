@@ -250,8 +250,17 @@ class TorchBackend(Backend):
         return frozenset(i for i in ids if 0 <= i < self.n_vocab)
 
     # KV and compute ----------------------------------------------------------------
+    #: decode_batch runs one padded forward over all its sequences (see there).
+    batches_natively = True
+
     def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
         cache = self._cache(seq)
+        self._check(seq, cache, tokens, pos, n_logits)
+        head = len(tokens) - n_logits
+        self._catch_up(cache, tokens[:head], pos)
+        return self._forward(cache, tokens[head:], pos + head, n_logits)
+
+    def _check(self, seq: int, cache: Any, tokens: Sequence[int], pos: int, n_logits: int) -> None:
         if not 1 <= n_logits <= len(tokens):
             raise ValueError(f"n_logits={n_logits} must be in 1..len(tokens)={len(tokens)}")
         held = cache.get_seq_length()
@@ -262,12 +271,98 @@ class TorchBackend(Backend):
         bad = [t for t in tokens if not 0 <= int(t) < self.n_vocab]
         if bad:
             raise BackendError(f"{self.name}: token ids {bad[:5]} are outside 0..{self.n_vocab - 1}")
-        # Catch-up tokens whose logits nobody needs go first, in n_batch pieces.
-        head = len(tokens) - n_logits
-        for start in range(0, head, self.n_batch):
-            end = min(start + self.n_batch, head)
-            self._forward(cache, tokens[start:end], pos + start, 0)
-        return self._forward(cache, tokens[head:], pos + head, n_logits)
+
+    def _catch_up(self, cache: Any, tokens: Sequence[int], pos: int) -> None:
+        """Catch-up tokens whose logits nobody needs, in n_batch pieces."""
+        for start in range(0, len(tokens), self.n_batch):
+            self._forward(cache, tokens[start : start + self.n_batch], pos + start, 0)
+
+    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """One model forward over the logit-bearing runs of all sequences (catch-up heads go
+        first, per sequence, as decode feeds them). If it fails, every cache is as before."""
+        if len(items) <= 1:
+            return [self.decode(*item) for item in items]
+        if len({seq for seq, *_ in items}) < len(items):
+            raise ValueError("decode_batch: each sequence may appear once")
+        caches = [self._cache(seq) for seq, *_ in items]
+        for cache, (seq, tokens, pos, n_logits) in zip(caches, items):
+            self._check(seq, cache, tokens, pos, n_logits)
+        try:
+            tails = []
+            for cache, (_, tokens, pos, n_logits) in zip(caches, items):
+                head = len(tokens) - n_logits
+                self._catch_up(cache, tokens[:head], pos)
+                tails.append(list(tokens[head:]))
+            return self._forward_batch(caches, tails)
+        except BaseException:
+            for cache, (_, _, pos, _) in zip(caches, items):
+                self._truncate(cache, pos)  # drop the heads fed above as well
+            raise
+
+    def _forward_batch(self, caches: list[Any], runs: list[list[int]]) -> list[np.ndarray]:
+        """Feed runs[i] to caches[i] in ONE forward; return every run's logits (len(run), n_vocab).
+
+        Layout, the usual one of batched generation with a cache: row i holds its past
+        (p_i positions) left-padded to the longest past P, then its run right-padded to the
+        longest run N. The 2-D attention mask is 1 exactly on the real columns
+        [P - p_i, P + n_i), so padding is never attended to; the causal part compares
+        column indices, which is right for every row because all runs start at column P.
+        Position ids are each row's own absolute positions p_i + j (RoPE sees no padding).
+        Each row's query j >= n_i is padding whose output is dropped; it still attends to
+        column P (its first real token), so no row of the mask is empty (no NaN)."""
+        past = [cache.get_seq_length() for cache in caches]
+        lens = [len(run) for run in runs]
+        b, p_max, n_max = len(runs), max(past), max(lens)
+        ids = torch.zeros(b, n_max, dtype=torch.long)
+        mask = torch.zeros(b, p_max + n_max, dtype=torch.long)
+        for i, (run, p, n) in enumerate(zip(runs, past, lens)):
+            ids[i, :n] = torch.tensor(run)
+            mask[i, p_max - p : p_max + n] = 1
+        positions = torch.tensor(past).unsqueeze(1) + torch.arange(n_max)
+        with torch.inference_mode():
+            batched = self._gather(caches, past, p_max)
+            try:
+                out = self._model(
+                    input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                    position_ids=positions.to(self.device), past_key_values=batched, use_cache=True,
+                    logits_to_keep=n_max,
+                )
+            except torch.cuda.OutOfMemoryError:
+                raise BackendError(
+                    f"{self.name}: out of GPU memory decoding {sum(lens)} tokens of {b} sequences"
+                ) from None
+            logits = out.logits.float().cpu().numpy()
+            del out
+            # Write back each row's real span (own past + own run, no padding) as the
+            # sequence's cache, copied out so the padded tensors are freed layer by layer.
+            for li, layer in enumerate(batched.layers):
+                for i, (cache, p, n) in enumerate(zip(caches, past, lens)):
+                    keys = layer.keys[i : i + 1, :, p_max - p : p_max + n].clone()
+                    values = layer.values[i : i + 1, :, p_max - p : p_max + n].clone()
+                    own = cache.layers[li]
+                    if not own.is_initialized:
+                        own.lazy_initialization(keys, values)
+                    own.keys, own.values = keys, values
+                layer.keys = layer.values = None
+        return [logits[i, :n] for i, n in enumerate(lens)]
+
+    def _gather(self, caches: list[Any], past: list[int], p_max: int) -> Any:
+        """A new DynamicCache holding every sequence's past as one row, left-padded with
+        zeros to p_max (a copy: the sequences keep their own caches until the write-back)."""
+        batched = self._new_cache()
+        if p_max == 0:
+            return batched
+        for li, layer in enumerate(batched.layers):
+            like = next(c.layers[li].keys for c, p in zip(caches, past) if p)
+            keys = like.new_zeros(len(caches), like.shape[1], p_max, like.shape[3])
+            values = keys.clone()
+            for i, (cache, p) in enumerate(zip(caches, past)):
+                if p:
+                    keys[i, :, p_max - p :] = cache.layers[li].keys[0]
+                    values[i, :, p_max - p :] = cache.layers[li].values[0]
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys, values
+        return batched
 
     def _forward(self, cache: Any, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray | None:
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
