@@ -50,7 +50,7 @@ test: torch-models bench-data
 test-fast: setup
 	$(BIN)/python -m pytest -n 2 -m "not real and not slow" tests
 
-# The router benchmark (about 90 minutes on 2 cores): report and plots in benchmarks/results/.
+# The router benchmark (an estimated 90 minutes on 2 idle cores): report and plots in benchmarks/results/.
 bench: models bench-data bench-deps
 	$(BIN)/python -m benchmarks.chains
 

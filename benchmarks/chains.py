@@ -1,170 +1,206 @@
-"""Fixed chains and `auto` against the target alone, side by side in one run.
+"""The router benchmark: the target alone, every static chain at its best fixed draft
+lengths, llama.cpp's own prompt-lookup speculation and `--chain auto`, in one run.
 
     python -m benchmarks.chains [--per-dataset 10] [--max-tokens 128]
+                                [--sweep-per-dataset 1] [--sweep-tokens 48]
+    python -m benchmarks.chains --render results/router-DATE.json   # plots + markdown again
 
-For every prompt (HumanEval as raw completion, GSM8K as chat) every method runs in
-turn, so drift of the machine hits all methods alike. Reports per method the median
-tokens/s, the median ratio to the target alone on the same prompt, mean accepted
-length per level, and whether the greedy output equals the target's. Also measures
-what one forward over k tokens costs each model (k = 1..16), the number that decides
-whether verification pays. Writes JSON and a markdown table to benchmarks/results/.
+1. Forward costs: one decode over k tokens per model (what decides whether verifying pays).
+2. Sweep (benchmarks/sweep.py): each static method on a grid of draft lengths over a
+   few prompts per dataset, greedy; the fastest lengths go on.
+3. Main comparison: HumanEval (raw completion), GSM8K and MT-Bench (first turn, chat),
+   greedy and temperature 0.7; for every prompt and mode every method runs in turn, so
+   drift of the machine hits all alike. One auto router serves the whole run.
+4. Predictor error: predicted vs measured decode ms/token of every fixed-chain run.
+Writes router-<date>.json, router-<date>.md and PNG plots to benchmarks/results/.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
 from benchmarks.machine import machine_info
+from benchmarks.measure import fixed_chain, forward_costs, prefill_seconds, run_fixed, run_routed
+from benchmarks.native import NativeLookup
+from benchmarks.plots import write_plots
 from benchmarks.prompts import load
+from benchmarks.report import markdown
+from benchmarks.summary import BASELINE, error_table, predictor_errors, ratio_table, summarise
+from benchmarks.sweep import Runner, sweep
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
-from specrouter.engine import generate
+from specrouter.models import resolve_model
 from specrouter.pool import Pool
-from specrouter.router import auto_router
+from specrouter.router import auto_router, load_or_profile
 
 SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
-METHODS = {
-    "target alone": ([TARGET], []),
-    "0.5b -> 1.5b": ([SMALL, TARGET], [4]),
-    "ngram -> 1.5b": (["ngram", TARGET], [4]),
-    "ngram -> 0.5b -> 1.5b": (["ngram", SMALL, TARGET], [3, 4]),
+STATIC = {
+    "0.5b -> 1.5b": [SMALL, TARGET],
+    "ngram -> 1.5b": ["ngram", TARGET],
+    "ngram -> 0.5b -> 1.5b": ["ngram", SMALL, TARGET],
 }
+NATIVE = "llama.cpp prompt lookup"
+GRID = {
+    "0.5b -> 1.5b": [(1,), (2,), (3,), (4,)],
+    "ngram -> 1.5b": [(1,), (2,), (3,), (4,)],
+    "ngram -> 0.5b -> 1.5b": [(1, 2), (2, 2), (2, 3), (3, 3)],
+    NATIVE: [(1,), (2,), (4,), (10,)],
+}
+DATASETS = ("humaneval", "gsm8k", "mtbench")
+MODES: dict[str, Callable[[int], SamplingParams]] = {
+    "greedy": lambda seed: SamplingParams(),
+    "T=0.7": lambda seed: SamplingParams(temperature=0.7, seed=seed),
+}
+NATIVE_CTX = 2048
 RESULTS = Path(__file__).parent / "results"
 
 
-def forward_costs(pool: Pool, ks=(1, 2, 3, 4, 6, 8, 12, 16), repeats: int = 5) -> dict[str, dict[int, float]]:
-    """Median ms of one decode of k tokens after a cached 64-token prefix."""
-    costs = {}
-    for name in (SMALL, TARGET):
-        model = pool.level(name)
-        seq = model.new_sequence()
-        prefix = model.tokenize("def quicksort(items):\n" * 8)[:64]
-        model.decode(seq, prefix, 0, 1)
-        row = {}
-        for k in ks:
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                model.decode(seq, prefix[:k], len(prefix), k)
-                times.append(time.perf_counter() - start)
-                model.remove(seq, len(prefix))
-            row[k] = round(statistics.median(times) * 1000, 1)
-        model.free_sequence(seq)
-        costs[name] = row
-    return costs
+def load_prompts(target, per_dataset: int) -> list[tuple[str, str, list[int]]]:
+    """(dataset, id, prompt tokens): HumanEval continues raw text, the others are one chat turn."""
+    prompts = []
+    for dataset in DATASETS:
+        for p in load(dataset, per_dataset):
+            tokens = (target.tokenize(p.text) if p.kind == "completion"
+                      else chat_prompt_tokens(target, [{"role": "user", "content": p.text}]))
+            prompts.append((dataset, p.id, tokens))
+    return prompts
 
 
-def run(per_dataset: int, max_tokens: int) -> dict:
+def open_native(target) -> tuple[NativeLookup | None, str | None]:
+    """llama-cpp-python's speculative setup on the target's file, or why it is unavailable."""
+    try:
+        return NativeLookup(resolve_model(TARGET), target.n_threads, NATIVE_CTX), None
+    except Exception as exc:  # any failure is a result to report, not a reason to stop the benchmark
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def native_runner(native: NativeLookup, k: int, eos_ids: frozenset[int]) -> Runner:
+    def run(tokens: list[int], params: SamplingParams, max_tokens: int) -> tuple[dict, list[int]]:
+        native.set_draft_length(k)
+        ids, seconds = native.generate(tokens, params, max_tokens, eos_ids)
+        return {"tokens": len(ids), "seconds": seconds, "tokens_per_second": len(ids) / seconds if seconds else 0.0,
+                "cycles": None, "chains_used": [f"{NATIVE} [{k}]"], "accepted_per_block": [],
+                "draft_lengths": [k]}, ids
+    return run
+
+
+def static_runner(pool: Pool, names: list[str], lengths: tuple[int, ...]) -> Runner:
+    chain = fixed_chain(pool, names, lengths)
+    return lambda tokens, params, max_tokens: run_fixed(chain, tokens, params, max_tokens)
+
+
+def sweep_subset(prompts: list, per_dataset: int) -> list[list[int]]:
+    return [tokens for d in DATASETS for tokens in [t for ds, _, t in prompts if ds == d][:per_dataset]]
+
+
+def compare(methods: dict[str, Runner], prompts: list, pool: Pool, max_tokens: int) -> list[dict]:
+    """Every method on every prompt and mode, interleaved; one record per run."""
+    runs = []
+    with tqdm(total=len(prompts) * len(MODES) * len(methods), desc="main", unit="run") as bar:
+        for seed, (dataset, pid, tokens) in enumerate(prompts, 1):
+            # The predictor models decoding only: each model's prefill of this prompt is subtracted.
+            prefill = {name: prefill_seconds(pool.level(name), tokens) for name in (SMALL, TARGET)}
+            for mode, make_params in MODES.items():
+                params = make_params(seed)
+                reference = None
+                for method, runner in methods.items():
+                    bar.set_postfix_str(f"{dataset} {mode} {method}")
+                    record, ids = runner(tokens, params, max_tokens)
+                    reference = ids if reference is None else reference
+                    record.update(dataset=dataset, prompt=pid, mode=mode, method=method,
+                                  same_as_target=(ids == reference) if params.greedy else None)
+                    if "chain" in record:
+                        record["prefill_seconds"] = sum(prefill[n] for n in record["chain"] if n in prefill)
+                    runs.append(record)
+                    bar.update(1)
+    return runs
+
+
+def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int) -> dict:
+    started = time.perf_counter()
+    phases = {}
     pool = Pool(n_ctx=4096, n_seq_max=1)
     target = pool.level(TARGET)
-    prompts = []
-    for p in load("humaneval", per_dataset):
-        prompts.append((p.dataset, p.id, target.tokenize(p.text)))
-    for p in load("gsm8k", per_dataset):
-        prompts.append((p.dataset, p.id, chat_prompt_tokens(target, [{"role": "user", "content": p.text}])))
-    chains = {m: pool.chain(specs, lengths) for m, (specs, lengths) in METHODS.items()}
+    prompts = load_prompts(target, per_dataset)
+    costs = forward_costs(pool, (SMALL, TARGET))
+    profile = load_or_profile([pool.level(SMALL), target])
+    native, native_error = open_native(target)
+    phases["setup"] = time.perf_counter() - started
+
+    factories = {m: (lambda ks, names=names: static_runner(pool, names, ks)) for m, names in STATIC.items()}
+    if native is not None:
+        factories[NATIVE] = lambda ks: native_runner(native, ks[0], target.eos_ids)
+    sweep_rows, best = sweep(factories, GRID, sweep_subset(prompts, sweep_per_dataset), sweep_tokens)
+    phases["sweep"] = time.perf_counter() - started - sum(phases.values())
+
+    methods = {BASELINE: static_runner(pool, [TARGET], ())}
+    methods.update({m: factories[m](best[m]) for m in factories})
     # One router for the whole run, as a server would keep it: its estimates carry over.
-    chains["auto"] = auto_router(pool, TARGET, [SMALL, TARGET], progress=False)
-
-    costs = forward_costs(pool)
-    runs = []
-    for dataset, pid, tokens in tqdm(prompts, desc="prompts"):
-        reference = None
-        for method, chain in chains.items():
-            r = generate(chain, tokens, SamplingParams(), max_tokens)
-            if reference is None:
-                reference = r.token_ids
-            levels = r.levels
-            if method == "auto":  # per-level numbers of a routed run mix chains: report its choice
-                levels = []
-            runs.append({
-                "dataset": dataset,
-                "prompt": pid,
-                "method": method,
-                "tokens": len(r.token_ids),
-                "seconds": r.wall_seconds,
-                "tokens_per_second": r.tokens_per_second,
-                "cycles": r.cycles,
-                "same_as_target": r.token_ids == reference,
-                # tokens accepted per verification block, for each proposing level
-                "accepted_per_block": [
-                    levels[i].accepted / levels[i + 1].forwards if levels[i + 1].forwards else 0.0
-                    for i in range(len(levels) - 1)
-                ],
-                "acceptance": [s.acceptance for s in levels[:-1]],
-                "chains_used": [" -> ".join(c) for c, _ in r.chains_used],
-            })
+    router = auto_router(pool, TARGET, [SMALL, TARGET], progress=False)
+    methods["auto"] = lambda tokens, params, n: run_routed(router, tokens, params, n)
+    runs = compare(methods, prompts, pool, max_tokens)
+    phases["main"] = time.perf_counter() - started - sum(phases.values())
+    if native is not None:
+        native.close()
     pool.close()
-    return {"machine": machine_info(), "max_tokens": max_tokens, "per_dataset": per_dataset,
-            "methods": {**{m: {"chain": s, "draft_lengths": k} for m, (s, k) in METHODS.items()},
-                        "auto": {"chain": "auto", "draft_lengths": "chosen per cycle"}},
-            "forward_ms": costs, "runs": runs, "summary": summarise(runs)}
+
+    errors = predictor_errors(runs, profile.seconds)
+    summary = summarise(runs)
+    return {
+        "machine": machine_info(),
+        "settings": {"per_dataset": per_dataset, "max_tokens": max_tokens, "datasets": list(DATASETS),
+                     "modes": list(MODES), "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
+                     "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "native_n_ctx": NATIVE_CTX,
+                     "n_threads": target.n_threads},
+        "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
+        "methods": {BASELINE: {"chain": [TARGET], "draft_lengths": []},
+                    **{m: {"chain": STATIC.get(m, NATIVE), "draft_lengths": list(best[m])} for m in best},
+                    "auto": {"chain": "auto", "draft_lengths": "chosen per cycle"}},
+        "native_error": native_error,
+        "sweep": sweep_rows,
+        "forward_ms": costs,
+        "profile": profile.as_dict(),
+        "runs": runs,
+        "summary": summary,
+        "ratios": ratio_table(summary),
+        "predictor_errors": errors,
+        "predictor_error_table": error_table(errors),
+    }
 
 
-def summarise(runs: list[dict]) -> dict:
-    by = {}
-    baseline = {(r["dataset"], r["prompt"]): r["tokens_per_second"] for r in runs if r["method"] == "target alone"}
-    for method in dict.fromkeys(r["method"] for r in runs):
-        for dataset in ("all", *dict.fromkeys(r["dataset"] for r in runs)):
-            rows = [r for r in runs if r["method"] == method and dataset in ("all", r["dataset"])]
-            depth = len(rows[0]["accepted_per_block"])
-            by[f"{method} | {dataset}"] = {
-                "median_tokens_per_second": round(statistics.median(r["tokens_per_second"] for r in rows), 2),
-                "median_ratio_to_target": round(statistics.median(
-                    r["tokens_per_second"] / baseline[(r["dataset"], r["prompt"])] for r in rows), 3),
-                "mean_accepted_per_block": [round(float(np.mean([r["accepted_per_block"][i] for r in rows])), 2)
-                                            for i in range(depth)],
-                "identical_outputs": f"{sum(r['same_as_target'] for r in rows)}/{len(rows)}",
-                "chains_used": sorted({c for r in rows for c in r["chains_used"]}),
-            }
-    return by
-
-
-def markdown(result: dict) -> str:
-    m = result["machine"]
-    lines = [
-        f"# Fixed chains vs the target alone ({m['date']})",
-        "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, llama-cpp-python {m['llama_cpp_python']}. "
-        f"Command: `{m['command']}`. Greedy, {result['max_tokens']} new tokens, "
-        f"{result['per_dataset']} HumanEval + {result['per_dataset']} GSM8K prompts, one run each, "
-        "methods interleaved per prompt.",
-        "",
-        "| method | dataset | median tok/s | median ratio to target | mean accepted per block (per level) | greedy output = target | chains run |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for key, s in result["summary"].items():
-        method, dataset = key.split(" | ")
-        lines.append(f"| {method} | {dataset} | {s['median_tokens_per_second']} | {s['median_ratio_to_target']} | "
-                     f"{s['mean_accepted_per_block']} | {s['identical_outputs']} | {'; '.join(s['chains_used'])} |")
-    ks = list(next(iter(result["forward_ms"].values())))
-    lines += ["", "Cost of one forward over k tokens (ms, median of 5, cached 64-token prefix):", "",
-              "| model | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
-    for name, row in result["forward_ms"].items():
-        lines.append(f"| {name} | " + " | ".join(str(row[k]) for k in ks) + " |")
-    return "\n".join(lines) + "\n"
+def write_report(result: dict, out: Path) -> None:
+    """JSON first (the measurements survive a failing plot), then plots and markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"router-{result['machine']['date'][:10]}"
+    json_file = out / f"{stem}.json"
+    json_file.write_text(json.dumps(result, indent=1, default=str))
+    result["plots"] = write_plots(result, out, stem)
+    json_file.write_text(json.dumps(result, indent=1, default=str))
+    md = markdown(result)
+    (out / f"{stem}.md").write_text(md)
+    print(md)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-dataset", type=int, default=10)
+    ap.add_argument("--per-dataset", type=int, default=10, help="prompts per dataset in the main comparison")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--sweep-per-dataset", type=int, default=1, help="prompts per dataset in the draft-length sweep")
+    ap.add_argument("--sweep-tokens", type=int, default=48, help="new tokens per sweep run")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite plots and markdown of a saved result")
     args = ap.parse_args()
-    result = run(args.per_dataset, args.max_tokens)
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"chains-{result['machine']['date'][:10]}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    md = markdown(result)
-    (args.out / f"{stem}.md").write_text(md)
-    print(md)
+    if args.render is not None:
+        result = json.loads(args.render.read_text())
+    else:
+        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens)
+    write_report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,170 @@
+"""Serving throughput and latency versus concurrency: the target alone and auto routing.
+
+    python -m benchmarks.serving [--concurrency 1,2,4,8] [--requests-per-slot 2] [--max-tokens 96]
+
+Closed loop, in process, through the same BatchScheduler the server runs: at
+concurrency c, c requests are in flight at every moment (a finished one is replaced
+at once from the prompt list) until c x requests-per-slot have completed. Both methods
+run in one process, alternating per concurrency level, on the same prompts (HumanEval
+completions and GSM8K chats, greedy). Reports total generated tokens/s, time to first
+token and inter-token latency (median and p95; a delta of k tokens after a gap g counts
+as k gaps of g/k), the batch sizes the models actually ran, and for auto the share of
+cycles that speculated. Writes JSON, a markdown table and a PNG plot to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from benchmarks.machine import machine_info
+from benchmarks.prompts import load
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.chat import chat_prompt_tokens
+from specrouter.engine.batch import BatchScheduler, Delta, Failed, Finished, SeqRequest
+from specrouter.pool import Pool
+from specrouter.router import auto_router
+
+SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+RESULTS = Path(__file__).parent / "results"
+
+
+def prompts(target, n: int) -> list[list[int]]:
+    out = [target.tokenize(p.text) for p in load("humaneval", n)]
+    out += [chat_prompt_tokens(target, [{"role": "user", "content": p.text}]) for p in load("gsm8k", n)]
+    return [out[i // 2 + (i % 2) * n] for i in range(2 * n)]  # alternate the two kinds
+
+
+def closed_loop(scheduler: BatchScheduler, prompt_list: list[list[int]], concurrency: int, total: int,
+                max_tokens: int) -> dict:
+    """Keep `concurrency` requests in flight until `total` have finished."""
+    submitted = done = 0
+    sent_at, first_at, last_at, gaps, tokens = {}, {}, {}, [], 0
+    speculated = cycles = 0
+    start = time.perf_counter()
+    while done < total:
+        while submitted < total and submitted - done < concurrency:
+            rid = str(submitted)
+            scheduler.add(rid, SeqRequest(prompt_list[submitted % len(prompt_list)], SamplingParams(), max_tokens))
+            sent_at[rid] = time.perf_counter()
+            submitted += 1
+        for e in scheduler.step():
+            now = time.perf_counter()
+            if isinstance(e, Failed):
+                raise RuntimeError(f"request {e.request_id} failed: {e.error}")
+            if isinstance(e, Delta) and e.tokens:
+                if e.request_id not in first_at:
+                    first_at[e.request_id] = now
+                else:
+                    gaps += [(now - last_at[e.request_id]) / e.tokens] * e.tokens
+                last_at[e.request_id] = now
+            if isinstance(e, Finished):
+                done += 1
+                tokens += len(e.result.token_ids)
+                cycles += e.result.cycles
+                speculated += sum(1 for c in e.result.chains_per_cycle if e.result.chains_used[c][1])
+    wall = time.perf_counter() - start
+    ttft = [first_at[r] - sent_at[r] for r in first_at]
+    return {
+        "concurrency": concurrency,
+        "requests": total,
+        "tokens": tokens,
+        "seconds": round(wall, 3),
+        "tokens_per_second": round(tokens / wall, 3),
+        "ttft_median_ms": round(float(np.median(ttft)) * 1e3, 1),
+        "itl_median_ms": round(float(np.median(gaps)) * 1e3, 1) if gaps else None,
+        "itl_p95_ms": round(float(np.percentile(gaps, 95)) * 1e3, 1) if gaps else None,
+        "speculating_cycles": round(speculated / cycles, 3) if cycles else 0.0,
+        "batch_sizes": {m: round(sum(b * n for b, n in s.items()) / s.total(), 2) for m, s in scheduler.batch_sizes.items()},
+    }
+
+
+def run(levels: list[int], per_slot: int, max_tokens: int) -> dict:
+    pool = Pool(n_ctx=2048, n_seq_max=max(levels))
+    target = pool.level(TARGET)
+    prompt_list = prompts(target, max(4, max(levels) * per_slot // 2))
+    router = auto_router(pool, TARGET, [SMALL, TARGET], progress=True)
+    alone = pool.chain([TARGET])
+    planners = {"target alone": lambda r: alone, "auto": lambda r: router.session()}
+    rows = []
+    with tqdm(total=len(levels) * len(planners), desc="concurrency levels") as bar:
+        for c in levels:
+            for method, plan in planners.items():
+                scheduler = BatchScheduler(plan, max_batch=c)
+                rows.append({"method": method, **closed_loop(scheduler, prompt_list, c, c * per_slot, max_tokens)})
+                bar.update(1)
+    router.save_estimates()
+    pool.close()
+    return {"machine": machine_info(), "max_tokens": max_tokens, "requests_per_slot": per_slot, "rows": rows}
+
+
+def markdown(result: dict, plot: str) -> str:
+    m = result["machine"]
+    lines = [
+        f"# Serving: throughput and latency vs concurrency ({m['date']})", "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, llama-cpp-python {m['llama_cpp_python']}. "
+        f"Command: `{m['command']}`. Default pool (target {TARGET}, draft {SMALL} and n-gram), greedy, "
+        f"{result['max_tokens']} new tokens per request, closed loop with c requests in flight, "
+        f"{result['requests_per_slot']} x c requests per level, both methods in one run.", "",
+        "| concurrency | method | total tok/s | ratio to target alone | TTFT median ms | ITL median ms | ITL p95 ms "
+        "| cycles speculating | mean batch per model call |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = {r["concurrency"]: r["tokens_per_second"] for r in result["rows"] if r["method"] == "target alone"}
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['concurrency']} | {r['method']} | {r['tokens_per_second']} | "
+            f"{r['tokens_per_second'] / base[r['concurrency']]:.3f} | {r['ttft_median_ms']} | {r['itl_median_ms']} | "
+            f"{r['itl_p95_ms']} | {r['speculating_cycles']:.0%} | "
+            + ", ".join(f"{k}: {v}" for k, v in r["batch_sizes"].items()) + " |")
+    return "\n".join(lines + ["", f"![throughput and latency vs concurrency]({plot})", ""])
+
+
+def plot(result: dict, file: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for method in dict.fromkeys(r["method"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["method"] == method]
+        xs = [r["concurrency"] for r in rows]
+        left.plot(xs, [r["tokens_per_second"] for r in rows], marker="o", label=method)
+        right.plot(xs, [r["itl_median_ms"] for r in rows], marker="o", label=f"{method} median")
+        right.plot(xs, [r["itl_p95_ms"] for r in rows], marker="x", linestyle="--", label=f"{method} p95")
+    left.set(xlabel="concurrent requests", ylabel="total tokens/s", title="Throughput")
+    right.set(xlabel="concurrent requests", ylabel="ms per token", title="Inter-token latency")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(file, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels")
+    ap.add_argument("--requests-per-slot", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    result = run(levels, args.requests_per_slot, args.max_tokens)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"serving-{result['machine']['date'][:10]}"
+    plot(result, args.out / f"{stem}.png")
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    md = markdown(result, f"{stem}.png")
+    (args.out / f"{stem}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

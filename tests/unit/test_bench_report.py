@@ -1,0 +1,117 @@
+"""The router benchmark's pure parts: summaries, acceptance fit, predictor error, report, plots."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.plots import write_plots
+from benchmarks.report import markdown
+from benchmarks.summary import (error_table, fit_acceptance, pair_inputs, predictor_errors, ratio_table,
+                                summarise)
+from benchmarks.sweep import best_lengths
+from specrouter.router.predictor import expected_tokens
+
+TARGET = "qwen2.5-coder-1.5b"
+
+
+def _run(method, dataset, prompt, mode, tps, same=True, **extra):
+    tokens = 32
+    return {"dataset": dataset, "prompt": prompt, "mode": mode, "method": method, "tokens": tokens,
+            "seconds": tokens / tps, "tokens_per_second": tps, "cycles": tokens,
+            "same_as_target": same if mode == "greedy" else None, "accepted_per_block": [],
+            "chains_used": [method], **extra}
+
+
+def _fixed(method, dataset, prompt, mode, tps, chain, lengths, pairs, accepted):
+    return _run(method, dataset, prompt, mode, tps, chain=chain, draft_lengths=lengths, pairs=pairs,
+                accepted_per_block=accepted, prefill_seconds=0.5)
+
+
+def _runs():
+    runs = []
+    for mode in ("greedy", "T=0.7"):
+        for dataset in ("humaneval", "gsm8k"):
+            for i, base in enumerate((10.0, 8.0, 12.0)):
+                pid = f"{dataset}/{i}"
+                runs.append(_fixed("target alone", dataset, pid, mode, base, [TARGET], [], [], []))
+                runs.append(_fixed("ngram -> 1.5b", dataset, pid, mode, base * 0.8, ["ngram", TARGET], [2],
+                                   [{"proposed": 10, "accepted": 5, "requested": 20, "blocks": 10}], [0.5]))
+                runs.append(_run("auto", dataset, pid, mode, base * 0.98, same=i != 1,
+                                 chains_per_cycle=[0, 0, 1, 0], chain_labels=["1.5b", "ngram -> 1.5b [2]"]))
+    return runs
+
+
+def test_summary_ratios_per_prompt_dataset_and_mode():
+    summary = summarise(_runs())
+    s = summary["auto | humaneval | greedy"]
+    assert s["median_ratio_to_target"] == pytest.approx(0.98)
+    assert s["median_tokens_per_second"] == pytest.approx(9.8)
+    assert s["identical_outputs"] == "2/3"
+    assert summary["auto | all | T=0.7"]["identical_outputs"] is None  # sampled output has no reference
+    assert summary["ngram -> 1.5b | gsm8k | T=0.7"]["mean_accepted_per_block"] == [0.5]
+    assert ratio_table(summary)["ngram -> 1.5b"]["all | greedy"] == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.7, 0.95])
+@pytest.mark.parametrize("m", [1, 3, 6])
+def test_fit_acceptance_inverts_expected_accepted_per_block(a, m):
+    assert fit_acceptance(expected_tokens(a, m) - 1, m) == pytest.approx(a, abs=1e-6)
+
+
+def test_fit_acceptance_edges():
+    assert fit_acceptance(4.0, 4.0) == 1.0
+    assert fit_acceptance(0.0, 4.0) == 0.0
+
+
+def test_pair_inputs_fill_is_proposed_over_requested():
+    rates, fills = pair_inputs([{"proposed": 10, "accepted": 5, "requested": 20, "blocks": 10}])
+    assert fills == [0.5]
+    assert rates[0] == pytest.approx(fit_acceptance(0.5, 2.0))
+
+
+def test_predictor_error_of_target_alone_is_its_one_token_cost():
+    runs = [_fixed("target alone", "gsm8k", "p", "greedy", 10.0, [TARGET], [], [], [])]
+    # 32 tokens in 3.2 s with 0.5 s prefill: 84.4 ms per decoded token; the cost says 100 ms.
+    errors = predictor_errors(runs, lambda name, n: 0.1 * n)
+    assert errors[0]["measured_ms"] == pytest.approx(84.38, abs=0.01)
+    assert errors[0]["relative_error"] == pytest.approx((100 - 84.375) / 84.375, abs=1e-3)
+    table = error_table(errors)
+    assert table["all"]["runs"] == 1 and table["target alone"]["median_signed_error"] > 0
+
+
+def test_best_lengths_takes_the_fastest_per_method():
+    rows = [{"method": "a", "draft_lengths": [1], "tokens_per_second": 5.0},
+            {"method": "a", "draft_lengths": [3], "tokens_per_second": 6.0},
+            {"method": "b", "draft_lengths": [2, 2], "tokens_per_second": 1.0}]
+    assert best_lengths(rows) == {"a": (3,), "b": (2, 2)}
+
+
+def test_markdown_and_plots(tmp_path):
+    runs = _runs()
+    cost = lambda name, n: 0.0 if name == "ngram" else 0.08 + 0.02 * n  # noqa: E731
+    errors = predictor_errors(runs, cost)
+    summary = summarise(runs)
+    result = {
+        "machine": {"date": "2026-12-01 10:00 UTC", "cpu": "cpu", "cores": 2, "python": "3.11",
+                    "llama_cpp_python": "0.3.36", "command": "python -m benchmarks.chains"},
+        "settings": {"per_dataset": 3, "max_tokens": 32, "datasets": ["humaneval", "gsm8k"],
+                     "modes": ["greedy", "T=0.7"], "sweep_per_dataset": 1, "sweep_tokens": 8,
+                     "grid": {"ngram -> 1.5b": [[1], [2]]}, "native_n_ctx": 2048, "n_threads": 2},
+        "phase_seconds": {"setup": 10.0, "sweep": 20.0, "main": 30.0},
+        "methods": {"target alone": {"chain": [TARGET], "draft_lengths": []},
+                    "ngram -> 1.5b": {"chain": ["ngram", TARGET], "draft_lengths": [2]},
+                    "auto": {"chain": "auto", "draft_lengths": "chosen per cycle"}},
+        "native_error": "RuntimeError: no",
+        "sweep": [{"method": "ngram -> 1.5b", "draft_lengths": [2], "tokens": 8, "seconds": 1.0,
+                   "tokens_per_second": 8.0}],
+        "forward_ms": {TARGET: {1: 70.0, 2: 110.0}},
+        "runs": runs, "summary": summary, "ratios": ratio_table(summary),
+        "predictor_errors": errors, "predictor_error_table": error_table(errors),
+    }
+    result["plots"] = write_plots(result, tmp_path, "router-test")
+    assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in result["plots"])
+    md = markdown(result)
+    assert "`auto` meets >= 0.97x" in md
+    assert "could not run: RuntimeError: no" in md
+    assert "| ngram -> 1.5b | [2] | 8 | 1.0 | 8.0 | **chosen** |" in md
+    assert "![router-test-auto-chains.png](router-test-auto-chains.png)" in md
