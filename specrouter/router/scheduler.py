@@ -304,9 +304,14 @@ class Router:
                 self._optimistic[names] = self._best_lengths(names, True, r, start(previous_opt, names))
 
     def _batch_cost(self, name: str, n: float) -> float:
-        """One forward of this sequence's n tokens inside a batch: every sequence of the batch
-        feeds about as many, and the backend call returns when all are done."""
-        return self.costs.seconds(name, n, self.batch_size)
+        """What one forward of this sequence's n tokens costs the batch it runs in. The
+        target runs for every sequence every cycle: one call over the batch, priced as if
+        all fed n tokens. Any other model may run for this sequence alone, and the whole
+        batch waits for that call (the scheduler serves one model after another), so its
+        time counts once per waiting sequence: speculation must pay for everyone's time."""
+        if name == self.target.name:
+            return self.costs.seconds(name, n, self.batch_size)
+        return self.batch_size * self.costs.seconds(name, n)
 
     def _catch_up(self, spec: ChainSpec, position: int, cached: Mapping[str, int]) -> float:
         total = 0.0
@@ -319,7 +324,7 @@ class Router:
         return total
 
     def _score(self, s: Scored, position: int, room: int, cached: Mapping[str, int]) -> Scored:
-        catch_up = self._catch_up(s.spec, position, cached)
+        catch_up = self._catch_up(s.spec, position, cached) * self.batch_size  # the batch waits for it
         horizon = max(1, min(room, HORIZON))
         return Scored(s.spec, s.prediction, catch_up, s.prediction.seconds_per_token + catch_up / horizon)
 
@@ -445,8 +450,8 @@ class Router:
         self.elapsed += seconds
         if self._probe is not None:
             spec, best_rate = self._probe
-            self.probe_spent += max(0.0, seconds - committed * best_rate)
-        if self._fwd_count:
+            self.probe_spent += max(0.0, seconds - committed * best_rate) * self.batch_size
+        if self._fwd_count and self.batch_size == 1:  # in a batch, a cycle also waits for other sequences' calls
             overhead = max(0.0, (seconds - self._fwd_seconds) / self._fwd_count)
             self._overhead += 0.2 * (overhead - self._overhead)
             self.costs.set_overhead(self._overhead)
