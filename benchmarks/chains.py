@@ -17,7 +17,6 @@ Writes router-<date>.json, router-<date>.md and PNG plots to benchmarks/results/
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from benchmarks.args import benchmark_parser
 from benchmarks.machine import machine_info
 from benchmarks.measure import fixed_chain, forward_costs, prefill_seconds, run_fixed, run_routed
 from benchmarks.native import NativeLookup
@@ -188,14 +188,7 @@ def write_report(result: dict, out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-dataset", type=int, default=10, help="prompts per dataset in the main comparison")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--sweep-per-dataset", type=int, default=1, help="prompts per dataset in the draft-length sweep")
-    ap.add_argument("--sweep-tokens", type=int, default=48, help="new tokens per sweep run")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite plots and markdown of a saved result")
-    args = ap.parse_args()
+    args = benchmark_parser(__doc__, RESULTS).parse_args()
     if args.render is not None:
         result = json.loads(args.render.read_text())
     else:
