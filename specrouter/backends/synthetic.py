@@ -69,38 +69,37 @@ class SyntheticBackend(Backend):
 
     # Backend interface -----------------------------------------------------------
     def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
+        logits = self._extend(seq, tokens, pos, n_logits)
+        self._charge(len(tokens))
+        return logits
+
+    batches_natively = True
+
+    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """One call for several sequences: it costs latency(all their tokens), as a real batch."""
+        out = [self._extend(*item) for item in items]
+        self.batch_calls += 1
+        self._charge(sum(len(tokens) for _, tokens, _, _ in items))
+        return out
+
+    def _extend(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
         kv = self._kv[seq]
         if pos != len(kv):
             raise AssertionError(f"{self.name}: decode at {pos} but KV holds {len(kv)} positions")
         if len(kv) + len(tokens) > self.n_ctx:
             raise AssertionError(f"{self.name}: context overflow")
         kv.extend(tokens)
-        self.decode_calls += 1
         self.decoded_tokens += len(tokens)
-        cost = self.latency(len(tokens))
-        self.simulated_seconds += cost
-        if self.sleep and cost > 0:
-            time.sleep(cost)
         n = len(kv)
         return np.stack([self.logits_for(kv[: n - n_logits + i + 1]) for i in range(n_logits)])
 
-    batches_natively = True
-
-    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
-        """One call for several sequences: it costs latency(all their tokens), as a real batch."""
-        latency, sleep = self.latency, self.sleep
-        self.latency, self.sleep = (lambda n: 0.0), False
-        try:
-            out = [self.decode(*item) for item in items]
-        finally:
-            self.latency, self.sleep = latency, sleep
-        self.batch_calls += 1
-        self.decode_calls -= len(items) - 1
-        cost = self.latency(sum(len(tokens) for _, tokens, _, _ in items))
+    def _charge(self, n_tokens: int) -> None:
+        """One call into the model over n_tokens: its simulated (and optionally slept) cost."""
+        self.decode_calls += 1
+        cost = self.latency(n_tokens)
         self.simulated_seconds += cost
         if self.sleep and cost > 0:
             time.sleep(cost)
-        return out
 
     def remove(self, seq: int, start: int) -> None:
         del self._kv[seq][start:]

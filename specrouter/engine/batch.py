@@ -74,8 +74,7 @@ class _Active:
     reported: int = 0  # tokens counted in Deltas so far
 
     def delta(self, rid: str, text: str) -> Delta:
-        n = len(self.run.generated)
-        tokens, self.reported = max(0, n - self.reported), max(n, self.reported)
+        tokens, self.reported = len(self.run.generated) - self.reported, len(self.run.generated)
         return Delta(rid, text, tokens)
 
 
@@ -221,21 +220,22 @@ class BatchScheduler:
         events.append(Failed(rid, exc))
 
     def _model_failed(self, rid: str, a: _Active, backend, exc: Exception, events: list[Event]) -> None:
-        """Its cache for this model is unknown now: free that slot, drop the cycle, go on without it."""
-        a.run.state.forget(backend)
+        """Its cache for this model is unknown now: the target fails the request, a draft is dropped."""
         if backend is a.run.target:
+            a.run.state.forget(backend)  # before release(), which would ask the broken model to free it
             self._fail(rid, a, exc, events)
             return
         self._drop(a, backend)
 
     @staticmethod
     def _drop(a: _Active, backend) -> None:
-        """Abandon the cycle in progress (nothing of it is committed) and go on without this model."""
+        """Free this model's slot, abandon the cycle in progress (nothing of it is committed:
+        the other models roll back) and go on without the model."""
+        a.run.state.forget(backend)
         a.steps.close()
         a.steps = a.pending = None
         a.run.abandon_cycle()
         a.run.drop_model(backend.name)
-        a.run.state.forget(backend)
 
 
 def pool_planner(pool, target: str, router=None, default: Speculation = Speculation()) -> Planner:

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from specrouter.backends.base import Backend
 from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.errors import BackendError
 
 #: Timed sizes: dense where the cost curve bends (small n), sparse above.
 PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -148,8 +149,6 @@ def profile_batches(
     filler = _prefix_tokens(backend, max(ns))
     seqs: list[int] = []
     try:
-        from specrouter.errors import BackendError
-
         for _ in range(max(batches)):
             try:
                 seqs.append(backend.new_sequence())

@@ -195,8 +195,8 @@ def _checked_ids(ids: list[int], n_tokens: int) -> list[int]:
 
 def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: list[int], service: Service,
                  max_tokens: int) -> SeqRequest:
-    # Below 1e-5 the warped distribution is argmax up to exact ties, and logits / T can
-    # overflow to inf: such temperatures are greedy (as in vLLM).
+    # Below 1e-5 the warped distribution is the argmax up to exact ties: such temperatures
+    # are greedy (as in vLLM).
     temperature = body.temperature if body.temperature >= _MIN_TEMPERATURE else 0.0
     params = SamplingParams(temperature=temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
     return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list,
