@@ -12,6 +12,8 @@
 #   2. forward cost for k = 1..32 tokens of randomly initialised models with the shapes of
 #      Llama-3.2-1B and Llama-3.1-8B in bf16, written as a JSON cost profile
 #      ({"models": {model: {k: seconds}}, "device": {...}}; the router's CostProfile format).
+#      `specrouter profile --load OUT_DIR/gpu_cost_profile.json` prints it; `--profile FILE`
+#      (generate, serve) makes the router use it for the models it names.
 #
 # Usage: scripts/gpu_check.sh [OUT_DIR]      (default OUT_DIR: $OUT or ./gpu_check_out)
 # Needs a Python with a CUDA build of torch, transformers, numpy, scipy, pytest, click,

@@ -53,6 +53,14 @@ _cache_option = click.option(
     help="Folder of pulled models (default: $SPECROUTER_CACHE or the user cache dir).",
 )
 
+_profile_option = click.option(
+    "--profile", "profile_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Router costs from this JSON profile (`specrouter profile --json`, or the GPU check's) for the "
+         "models it names; the others are profiled here.",
+)
+
 
 @main.command()
 @click.option("--prompt", help="Raw text to continue.")
@@ -73,9 +81,10 @@ _cache_option = click.option(
 @click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context window per sequence.")
 @click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@_profile_option
 @_cache_option
 def generate(prompt, chat, chain, target, explain, draft_lengths, temperature, top_k, top_p, seed, max_tokens, stop,
-             n_ctx, threads, as_json, cache_dir) -> None:
+             n_ctx, threads, as_json, profile_file, cache_dir) -> None:
     """Generate text with a chain of models."""
     if (prompt is None) == (chat is None):
         raise InvalidParameterError("give exactly one of --prompt TEXT or --chat TEXT")
@@ -89,13 +98,14 @@ def generate(prompt, chat, chain, target, explain, draft_lengths, temperature, t
     lengths = parse_draft_lengths(draft_lengths, len(specs))
     if auto and draft_lengths:
         raise InvalidParameterError("--draft-lengths needs an explicit --chain (auto chooses them)")
-    if not auto and (target or explain):
-        raise InvalidParameterError("--target and --explain work with --chain auto; an explicit chain ends at its target")
+    if not auto and (target or explain or profile_file):
+        raise InvalidParameterError("--target, --explain and --profile work with --chain auto; "
+                                    "an explicit chain ends at its target")
     pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1)
     router = None
     try:
         if auto:
-            router = _auto_router(pool, target, cache_dir)
+            router = _auto_router(pool, target, cache_dir, profile_file)
             built, model = router, router.target
         else:
             built = pool.chain(specs, lengths)
@@ -130,10 +140,10 @@ def _pulled_pool(cache_dir) -> list[str]:
     return sorted((n for n in DEFAULT_POOL if is_pulled(n, cache_dir)), key=lambda n: DEFAULT_POOL[n].params_b)
 
 
-def _auto_router(pool: Pool, target_spec: str | None, cache_dir):
+def _auto_router(pool: Pool, target_spec: str | None, cache_dir, profile_file: Path | None):
     from specrouter.router import auto_router
 
-    router = auto_router(pool, target_spec, _pulled_pool(cache_dir))
+    router = auto_router(pool, target_spec, _pulled_pool(cache_dir), profile_file=profile_file)
     if router.message:
         click.echo(f"note: {router.message}", err=True)
     return router
@@ -199,9 +209,11 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port (default 8000).")
 @click.option("--api-key", envvar="SPECROUTER_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 (env SPECROUTER_API_KEY).")
+@_profile_option
 @_cache_option
 def serve_cmd(config_file, models, target, chain, draft_lengths, n_ctx, threads, device, max_batch, max_queue,
-              max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, cache_dir) -> None:
+              max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, profile_file,
+              cache_dir) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra)."""
     try:
         from specrouter.server.config import load_config
@@ -214,7 +226,8 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, n_ctx, threads,
         draft_lengths=parse_draft_lengths(draft_lengths, 0) if draft_lengths else None,
         target=target, chain=chain, n_ctx=n_ctx, threads=threads, device=device, max_batch=max_batch,
         max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
-        shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key, cache_dir=cache_dir,
+        shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key,
+        profile=profile_file, cache_dir=cache_dir,
     )
     serve(config)
 
@@ -248,31 +261,47 @@ def models_cmd(cache_dir) -> None:
 @click.option("--force", is_flag=True, help="Measure again even where a valid cached profile exists.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timings per size (the median is kept).")
 @click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
+@click.option("--load", "load_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Show a saved profile (--json's, or the GPU check's) instead of measuring.")
 @_cache_option
-def profile_cmd(model_specs, json_file, force, repeats, threads, cache_dir) -> None:
+def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, cache_dir) -> None:
     """Measure (or show the cached) seconds of a forward over n tokens, per model."""
-    from specrouter.router.profiler import PROFILE_BATCH_NS, PROFILE_BATCHES, PROFILE_NS, load_or_profile, profile_ngram
+    from specrouter.router.profiler import PROFILE_BATCHES, load_or_profile, profile_ngram, read_profile
 
-    if repeats < 1:
-        raise InvalidParameterError(f"--repeats must be >= 1, got {repeats}")
-    specs = parse_chain(model_specs) if model_specs else _pulled_pool(cache_dir)
-    if not specs:
-        raise InvalidParameterError("no model to profile: run `specrouter pull`, or give --models")
-    pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=max(PROFILE_BATCHES))
-    try:
-        models = [pool.level(s) for s in specs if s != "ngram"]
-        profile = load_or_profile(models, repeats=repeats, force=force)
-        profile.ngram_seconds = profile_ngram()
-    finally:
-        pool.close()
-    width = max(len(m) for m in [*profile.tables, "ngram"])
-    click.echo(f"{'ms per forward over n tokens':<{width}}  " + " ".join(f"{n:>7}" for n in PROFILE_NS))
-    for name, table in profile.tables.items():
-        click.echo(f"{name:<{width}}  " + " ".join(f"{profile.seconds(name, n) * 1e3:>7.1f}" for n in PROFILE_NS))
-    click.echo(f"{'ngram':<{width}}  {profile.ngram_seconds * 1e3:>7.3f} (one lookup)")
-    click.echo(f"\n{'ms per batched call (B x n)':<{width + 6}}  " + " ".join(f"{f'n={n}':>7}" for n in PROFILE_BATCH_NS))
-    for name, tables in profile.batch_tables.items():
-        for b, table in sorted(tables.items()):
-            click.echo(f"{name:<{width}} B={b:<3} " + " ".join(f"{table[n] * 1e3:>7.1f}" for n in PROFILE_BATCH_NS))
+    if load_file is not None:
+        if model_specs or force:
+            raise InvalidParameterError("--load shows a saved profile: it measures nothing (no --models, --force)")
+        profile = read_profile(load_file)
+    else:
+        if repeats < 1:
+            raise InvalidParameterError(f"--repeats must be >= 1, got {repeats}")
+        specs = parse_chain(model_specs) if model_specs else _pulled_pool(cache_dir)
+        if not specs:
+            raise InvalidParameterError("no model to profile: run `specrouter pull`, or give --models")
+        pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=max(PROFILE_BATCHES))
+        try:
+            models = [pool.level(s) for s in specs if s != "ngram"]
+            profile = load_or_profile(models, repeats=repeats, force=force)
+            profile.ngram_seconds = profile_ngram()
+        finally:
+            pool.close()
+    _print_profile(profile)
     if json_file:
         Path(json_file).write_text(json.dumps(profile.as_dict(), indent=1))
+
+
+def _print_profile(profile) -> None:
+    from specrouter.router.profiler import PROFILE_BATCH_NS, PROFILE_NS
+
+    # Sizes a profile did not time (a loaded one may have others) are interpolated, as the router does.
+    width = max(len(m) for m in [*profile.tables, "ngram"])
+    click.echo(f"{'ms per forward over n tokens':<{width}}  " + " ".join(f"{n:>7}" for n in PROFILE_NS))
+    for name in profile.tables:
+        click.echo(f"{name:<{width}}  " + " ".join(f"{profile.seconds(name, n) * 1e3:>7.1f}" for n in PROFILE_NS))
+    click.echo(f"{'ngram':<{width}}  {profile.ngram_seconds * 1e3:>7.3f} (one lookup)")
+    if profile.batch_tables:
+        click.echo(f"\n{'ms per batched call (B x n)':<{width + 6}}  " + " ".join(f"{f'n={n}':>7}" for n in PROFILE_BATCH_NS))
+    for name, tables in profile.batch_tables.items():
+        for b, table in sorted(tables.items()):
+            click.echo(f"{name:<{width}} B={b:<3} " + " ".join(f"{table[n] * 1e3:>7.1f}" if n in table else f"{'':>7}"
+                                                            for n in PROFILE_BATCH_NS))

@@ -13,19 +13,22 @@ from pathlib import Path
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.predictor import ChainSpec, Prediction, predict
-from specrouter.router.profiler import CostProfile, OnlineCosts, default_profile_dir, load_or_profile, profile_model
+from specrouter.router.profiler import (CostProfile, OnlineCosts, default_profile_dir, load_or_profile, profile_model,
+                                       read_profile)
 from specrouter.router.scheduler import Decision, Router, build_router
 
 __all__ = ["AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "OnlineCosts", "Prediction",
-           "Router", "auto_router", "build_router", "load_or_profile", "predict", "profile_model"]
+           "Router", "auto_router", "build_router", "load_or_profile", "predict", "profile_model", "read_profile"]
 
 
 def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir: Path | None = None,
-                progress: bool = True) -> Router:
+                progress: bool = True, profile_file: Path | None = None) -> Router:
     """The router `--chain auto` uses: `target` (default: the last, i.e. largest, of the
     candidates) and every candidate that shares its tokenizer, plus the n-gram level.
-    Costs come from the cached profile (measured now where missing or stale); acceptance
-    estimates from earlier runs are loaded (and saved back by Router.save_estimates)."""
+    Costs come from `profile_file` for the models it names (a saved or GPU profile), else
+    from the cached profile (measured now where missing or stale); acceptance estimates
+    from earlier runs are loaded (and saved back by Router.save_estimates)."""
+    given = read_profile(profile_file) if profile_file is not None else None  # a bad file fails before any work
     if target is None:
         if not candidates:
             raise InvalidParameterError("--chain auto needs a pulled pool model: run `specrouter pull`, or give --target")
@@ -37,7 +40,7 @@ def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir
     directory = Path(profile_dir) if profile_dir is not None else default_profile_dir()
     acceptance = AcceptanceEstimator()
     acceptance.load(directory / "acceptance.json")
-    router = build_router(model, others, lambda models: OnlineCosts(load_or_profile(models, directory, progress=progress)),
-                          acceptance)
+    router = build_router(model, others, acceptance=acceptance, costs=lambda models: OnlineCosts(
+        load_or_profile(models, directory, progress=progress, given=given)))
     router.estimates_file = directory / "acceptance.json"
     return router

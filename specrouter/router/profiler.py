@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from specrouter.backends.base import Backend
 from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
-from specrouter.errors import BackendError
+from specrouter.errors import BackendError, InvalidParameterError
 
 #: Timed sizes: dense where the cost curve bends (small n), sparse above.
 PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -306,13 +306,22 @@ def load_or_profile(
     progress: bool = True,
     clock: Callable[[], float] = time.perf_counter,
     batches: Sequence[int] = PROFILE_BATCHES,
+    given: CostProfile | None = None,
 ) -> CostProfile:
     """Cached profiles where valid; the others are measured (one progress bar) and saved.
-    Batched timings live in a file of their own (`<model>.batch.json`, same key)."""
+    Batched timings live in a file of their own (`<model>.batch.json`, same key).
+    `given` (see read_profile): the models it names take its costs and are not measured."""
     directory = Path(directory) if directory is not None else default_profile_dir()
     profile = CostProfile()
     todo, todo_batch = [], []
     for backend in backends:
+        if given is not None and backend.name in given.tables:
+            profile.tables[backend.name] = given.tables[backend.name]
+            if not backend.batches_natively:
+                profile.looped.add(backend.name)
+            elif backend.name in given.batch_tables:
+                profile.batch_tables[backend.name] = given.batch_tables[backend.name]
+            continue
         key = profile_key(backend)
         table = None if force else _read_cached(_cache_file(directory, backend), key)
         if table is None:
@@ -345,6 +354,27 @@ def load_or_profile(
                 _write(_cache_file(directory, backend, ".batch"), {
                     "format": _FORMAT, "key": key,
                     "table": {str(b): {str(n): s for n, s in t.items()} for b, t in batched.items()}})
+    return profile
+
+
+def read_profile(file: Path) -> CostProfile:
+    """A profile saved by `specrouter profile --json` or scripts/torch_profile.py (the GPU
+    check): {"models": {model: {n: seconds}}, optionally "batched" and "ngram_seconds"}.
+    Its costs are taken as given, with no cache key to check: whoever passes the file
+    vouches that it describes the machine (a GPU profile cannot be measured on a CPU)."""
+    try:
+        data = json.loads(Path(file).read_text())
+        profile = CostProfile.from_dict(data)
+        values = [s for t in profile.tables.values() for s in t.values()]
+        values += [s for bt in profile.batch_tables.values() for t in bt.values() for s in t.values()]
+        if not profile.tables or any(not t for t in profile.tables.values()) or any(not s > 0 for s in values):
+            raise ValueError("no model, an empty table or a cost that is not > 0")
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read the profile {file}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InvalidParameterError(
+            f"{file} is not a cost profile ({exc.__class__.__name__}: {exc}); expected "
+            '{"models": {"<model>": {"<n tokens>": <seconds>, ...}}} as `specrouter profile --json` writes it') from None
     return profile
 
 

@@ -31,6 +31,7 @@ class ServeConfig(BaseModel):
     threads: int | None = Field(None, ge=1, description="CPU threads per model (default: all cores)")
     device: str = Field("cpu", description="where torch models run (cpu, cuda, cuda:N)")
     cache_dir: Path | None = Field(None, description="folder of pulled models")
+    profile: Path | None = Field(None, description="router costs from this JSON profile for the models it names")
     max_batch: int = Field(4, ge=1, description="sequences generating at once")
     max_queue: int = Field(32, ge=0, description="requests waiting for a batch slot before 429")
     max_tokens: int = Field(256, ge=1, description="a request's max_tokens when it gives none")

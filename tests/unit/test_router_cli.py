@@ -1,5 +1,7 @@
 """CLI flags of the router (no models needed: these fail before anything is loaded)."""
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -15,8 +17,11 @@ def test_auto_is_the_default_chain():
     [
         (["--prompt", "x", "--draft-lengths", "3"], "--draft-lengths needs an explicit --chain"),
         (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--target", "qwen2.5-coder-1.5b"],
-         "--target and --explain work with --chain auto"),
-        (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--explain"], "--target and --explain work with --chain auto"),
+         "--target, --explain and --profile work with --chain auto"),
+        (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--explain"],
+         "--target, --explain and --profile work with --chain auto"),
+        (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--profile", "costs.json"],
+         "--target, --explain and --profile work with --chain auto"),
         (["--prompt", "x", "--target", "no-such-model"], "unknown model 'no-such-model'"),
     ],
 )
@@ -72,3 +77,53 @@ def test_auto_router_targets_the_largest_candidate_and_keeps_estimates_between_r
     again = auto_router(FakePool(), None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False)
     learned = {k for k, e in router.acceptance.global_.items() if e.count}
     assert learned and {k for k, e in again.acceptance.global_.items() if e.count} == learned
+
+
+GPU_PROFILE = {"device": {"name": "NVIDIA H200"}, "models": {"target": {"1": 0.004, "2": 0.0041, "4": 0.0042,
+                                                                      "8": 0.0045, "16": 0.005, "32": 0.006}}}
+
+
+def test_profile_load_prints_a_saved_profile_without_measuring(tmp_path):
+    file = tmp_path / "gpu.json"
+    file.write_text(json.dumps(GPU_PROFILE))
+    result = CliRunner().invoke(main, ["profile", "--load", str(file)])
+    assert result.exit_code == 0, result.output
+    header, row, ngram = result.output.splitlines()[:3]
+    assert header.split()[-10:] == ["1", "2", "3", "4", "6", "8", "12", "16", "24", "32"]
+    cells = row.split()
+    assert cells[0] == "target" and [cells[i] for i in (1, 2, 4, 8, 10)] == ["4.0", "4.1", "4.2", "5.0", "6.0"]
+    assert ngram.split()[:2] == ["ngram", "0.020"] and "batched" not in result.output
+    result = CliRunner().invoke(main, ["profile", "--load", str(file), "--models", "qwen2.5-coder-1.5b"])
+    assert result.exit_code == 2 and "error: --load shows a saved profile: it measures nothing" in result.output
+
+
+@pytest.mark.parametrize("command", [["profile", "--load"], ["generate", "--prompt", "x", "--profile"]])
+def test_a_bad_profile_file_fails_before_any_model_loads(tmp_path, command):
+    file = tmp_path / "costs.json"
+    file.write_text('{"models": {}}')
+    result = CliRunner().invoke(main, [*command, str(file)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: {file} is not a cost profile (ValueError: no model")
+    assert "Traceback" not in result.output
+
+
+def test_auto_router_takes_the_costs_a_profile_file_names(tmp_path):
+    from specrouter.router import auto_router
+
+    from .router_synth import family
+
+    target, mid, small = family()
+    for m in (target, mid, small):
+        m.path = tmp_path / f"{m.name}.gguf"
+        m.path.write_bytes(m.name.encode())
+
+    class FakePool:
+        def level(self, name):
+            return {m.name: m for m in (target, mid, small)}[name]
+
+    file = tmp_path / "gpu.json"
+    file.write_text(json.dumps(GPU_PROFILE))
+    router = auto_router(FakePool(), None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False,
+                         profile_file=file)
+    assert router.costs.profile.tables["target"] == {1: 0.004, 2: 0.0041, 4: 0.0042, 8: 0.0045, 16: 0.005, 32: 0.006}
+    assert target.decode_calls == 0 and mid.decode_calls > 0  # the others are measured here

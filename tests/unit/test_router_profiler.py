@@ -6,6 +6,7 @@ import warnings
 import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.errors import InvalidParameterError
 from specrouter.router.profiler import (
     PROFILE_NS,
     CostProfile,
@@ -14,6 +15,7 @@ from specrouter.router.profiler import (
     load_or_profile,
     profile_batches,
     profile_model,
+    read_profile,
 )
 
 from .router_synth import linear
@@ -120,3 +122,50 @@ def test_backends_without_native_batching_are_costed_as_a_loop(tmp_path):
     profile = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=lambda: m.simulated_seconds)
     assert profile.batch_tables == {} and not (tmp_path / "profiles" / "m.batch.json").exists()
     assert profile.seconds("m", 4, batch=3) == pytest.approx(3 * profile.seconds("m", 4))
+
+
+#: What scripts/torch_profile.py writes on a GPU machine (the GPU check): costs of models
+#: that cannot be measured here, with what ran them.
+GPU_PROFILE = {"device": {"name": "NVIDIA H200", "dtype": "bfloat16"}, "ngram_seconds": 2e-5,
+               "settings": {"ks": [1, 2, 4, 8, 16, 32]},
+               "models": {"m": {"1": 0.004, "2": 0.0041, "4": 0.0042, "8": 0.0045, "16": 0.005, "32": 0.006}}}
+
+
+def test_a_saved_profile_is_read_back_as_written(tmp_path):
+    measured = CostProfile({"a": {1: 0.01, 4: 0.02}}, 3e-5, {"a": {2: {1: 0.015}}})
+    (tmp_path / "p.json").write_text(json.dumps(measured.as_dict()))  # what `profile --json` writes
+    again = read_profile(tmp_path / "p.json")
+    assert (again.tables, again.batch_tables, again.ngram_seconds) == (measured.tables, measured.batch_tables, 3e-5)
+    (tmp_path / "gpu.json").write_text(json.dumps(GPU_PROFILE))
+    gpu = read_profile(tmp_path / "gpu.json")
+    assert gpu.seconds("m", 16) == 0.005 and gpu.seconds("m", 6) == pytest.approx(0.00435)
+
+
+@pytest.mark.parametrize(("content", "problem"), [
+    (None, "cannot read the profile"),
+    ("{not json", "is not a cost profile (JSONDecodeError"),
+    ('{"device": {}}', "is not a cost profile (KeyError: 'models')"),
+    ('{"models": {}}', "is not a cost profile (ValueError: no model"),
+    ('{"models": {"m": {"1": 0.01, "4": -1}}}', "is not a cost profile (ValueError: no model, an empty table or a cost"),
+    ('{"models": {"m": {"one": 0.01}}}', "is not a cost profile (ValueError: invalid literal"),
+    ('[1, 2]', "is not a cost profile (TypeError"),
+])
+def test_a_bad_profile_file_is_refused_with_what_was_expected(tmp_path, content, problem):
+    file = tmp_path / "p.json"
+    if content is not None:
+        file.write_text(content)
+    with pytest.raises(InvalidParameterError) as info:
+        read_profile(file)
+    assert str(info.value).startswith(f"{problem}" if content is None else f"{file} {problem}")
+
+
+def test_given_costs_replace_measurement_for_the_models_they_name(tmp_path):
+    m, other = model(tmp_path), model(tmp_path, "other")
+    (tmp_path / "gpu.json").write_text(json.dumps(GPU_PROFILE))
+    profile = load_or_profile([m, other], tmp_path / "profiles", repeats=1, progress=False,
+                              clock=lambda: m.simulated_seconds + other.simulated_seconds,
+                              given=read_profile(tmp_path / "gpu.json"))
+    assert m.decode_calls == 0 and not (tmp_path / "profiles" / "m.json").exists()  # nothing measured or cached
+    assert profile.tables["m"] == {1: 0.004, 2: 0.0041, 4: 0.0042, 8: 0.0045, 16: 0.005, 32: 0.006}
+    assert "m" not in profile.batch_tables  # not in the file: batched calls fall back to total tokens
+    assert other.decode_calls > 0 and profile.seconds("other", 1) == pytest.approx(0.012)  # measured as usual

@@ -1,5 +1,7 @@
 """Server configuration: TOML file, CLI flags over it, defaults, and bad values."""
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -81,15 +83,15 @@ def test_serve_flags_and_environment_override_the_file(served, tmp_path):
     path = tmp_path / "serve.toml"
     path.write_text(TOML)
     args = ["serve", "--config", str(path), "--port", "9200", "--max-batch", "3", "--chain", "off",
-            "--models", f"{SMALL},{TARGET}", "--host", "0.0.0.0", "--request-timeout", "0"]
+            "--models", f"{SMALL},{TARGET}", "--host", "0.0.0.0", "--request-timeout", "0", "--profile", "costs.json"]
     result = CliRunner().invoke(main, args, env={"SPECROUTER_API_KEY": "from-env"})
     assert result.exit_code != 0 and "draft_lengths needs an explicit chain" in result.output  # the file's lengths
     path.write_text(TOML.replace("draft_lengths = [3, 2]", ""))
     result = CliRunner().invoke(main, args, env={"SPECROUTER_API_KEY": "from-env"})
     assert result.exit_code == 0, result.output
     c = served[-1]
-    assert (c.port, c.max_batch, c.chain, c.host, c.request_timeout, c.api_key, c.max_queue) == (
-        9200, 3, "off", "0.0.0.0", 0, "from-env", 5)
+    assert (c.port, c.max_batch, c.chain, c.host, c.request_timeout, c.api_key, c.max_queue, c.profile) == (
+        9200, 3, "off", "0.0.0.0", 0, "from-env", 5, Path("costs.json"))
 
 
 def test_serve_with_a_bad_flag_exits_2_with_one_line(served):
