@@ -115,3 +115,20 @@ def test_markdown_and_plots(tmp_path):
     assert "could not run: RuntimeError: no" in md
     assert "| ngram -> 1.5b | [2] | 8 | 1.0 | 8.0 | **chosen** |" in md
     assert "![router-test-auto-chains.png](router-test-auto-chains.png)" in md
+
+
+def test_report_names_each_miss_and_the_noise_of_target_only_auto_runs(tmp_path):
+    runs = _runs()
+    for r in runs:
+        if r["method"] == "auto":
+            r["chains_used"] = [TARGET]  # routed, but never left the target alone
+            if r["dataset"] == "gsm8k" and r["mode"] == "greedy":
+                r["tokens_per_second"] *= 0.9
+    result = {"runs": runs, "ratios": ratio_table(summarise(runs)),
+              "methods": {"target alone": {"chain": [TARGET]}}}
+    from benchmarks.report import _ratios
+
+    text = _ratios(result)
+    assert "`auto` is under 0.97x on 1 of 4 datasets and modes: gsm8k, greedy 0.882." in text
+    assert ("Control: 12 auto runs never left the target alone (the baseline's work, run again); their ratio to "
+            "the baseline has median 0.980 and ranges 0.882-0.980 (middle 80%: 0.882-0.980)") in text
