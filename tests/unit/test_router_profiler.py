@@ -169,3 +169,21 @@ def test_given_costs_replace_measurement_for_the_models_they_name(tmp_path):
     assert profile.tables["m"] == {1: 0.004, 2: 0.0041, 4: 0.0042, 8: 0.0045, 16: 0.005, 32: 0.006}
     assert "m" not in profile.batch_tables  # not in the file: batched calls fall back to total tokens
     assert other.decode_calls > 0 and profile.seconds("other", 1) == pytest.approx(0.012)  # measured as usual
+
+
+def test_the_gpu_check_profile_script_writes_what_the_router_reads(tmp_path):
+    """scripts/torch_profile.py as the GPU check runs it, cut down to a tiny model on the CPU."""
+    pytest.importorskip("torch")
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "torch_profile.py"
+    spec = importlib.util.spec_from_file_location("torch_profile", script)
+    torch_profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(torch_profile)
+    out = tmp_path / "gpu_cost_profile.json"
+    torch_profile.main(["--device", "cpu", "--dtype", "float32", "--tiny", "--models", "llama-3.2-1b",
+                        "--ks", "1,2,4", "--prefix", "8", "--repeats", "1", "--out", str(out)])
+    profile = read_profile(out)
+    assert list(profile.tables) == ["llama-3.2-1b"] and set(profile.tables["llama-3.2-1b"]) == {1, 2, 4}
+    assert all(s > 0 for s in profile.tables["llama-3.2-1b"].values())
