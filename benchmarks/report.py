@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.summary import BASELINE
+from benchmarks.summary import BASELINE, baseline_speeds, ratio_to_baseline
 
 AUTO_FLOOR = 0.97  # what auto must reach against the target alone on every dataset and mode
 
@@ -58,9 +58,8 @@ def _noise(result: dict) -> str:
     """auto runs that never left the target alone did the baseline's work again: the spread
     of their ratios is what one measurement's noise does to a ratio on this machine."""
     target = result["methods"][BASELINE]["chain"][-1]
-    base = {(r["dataset"], r["prompt"], r["mode"]): r["tokens_per_second"] for r in result["runs"]
-            if r["method"] == BASELINE}
-    ratios = sorted(r["tokens_per_second"] / base[(r["dataset"], r["prompt"], r["mode"])] for r in result["runs"]
+    base = baseline_speeds(result["runs"])
+    ratios = sorted(ratio_to_baseline(r, base) for r in result["runs"]
                     if r["method"] == "auto" and set(r["chains_used"]) == {target})
     if len(ratios) < 5:
         return ""

@@ -21,11 +21,19 @@ def _unique(values: Iterable) -> list:
     return list(dict.fromkeys(values))
 
 
+def baseline_speeds(runs: list[dict]) -> dict[tuple, float]:
+    """The target alone's tokens/s per (dataset, prompt, mode)."""
+    return {(r["dataset"], r["prompt"], r["mode"]): r["tokens_per_second"] for r in runs if r["method"] == BASELINE}
+
+
+def ratio_to_baseline(run: dict, baseline: dict[tuple, float]) -> float:
+    return run["tokens_per_second"] / baseline[(run["dataset"], run["prompt"], run["mode"])]
+
+
 def summarise(runs: list[dict]) -> dict[str, dict]:
     """Per 'method | dataset | mode' (dataset 'all' pools the datasets): median tok/s, median
     per-prompt ratio to the target alone, mean accepted per block, greedy identical outputs."""
-    baseline = {(r["dataset"], r["prompt"], r["mode"]): r["tokens_per_second"]
-                for r in runs if r["method"] == BASELINE}
+    baseline = baseline_speeds(runs)
     out = {}
     for mode in _unique(r["mode"] for r in runs):
         for method in _unique(r["method"] for r in runs):
@@ -42,8 +50,7 @@ def _summary(rows: list[dict], baseline: dict) -> dict:
     compared = [r["same_as_target"] for r in rows if r["same_as_target"] is not None]
     return {
         "median_tokens_per_second": round(statistics.median(r["tokens_per_second"] for r in rows), 2),
-        "median_ratio_to_target": round(statistics.median(
-            r["tokens_per_second"] / baseline[(r["dataset"], r["prompt"], r["mode"])] for r in rows), 3),
+        "median_ratio_to_target": round(statistics.median(ratio_to_baseline(r, baseline) for r in rows), 3),
         "mean_accepted_per_block": [round(statistics.fmean(r["accepted_per_block"][i] for r in rows), 2)
                                     for i in range(depth)],
         # Only greedy output has one right answer to compare with.

@@ -54,27 +54,40 @@ def test_explain_lists_decisions_candidates_and_inputs():
     assert "cycles: " in text
 
 
+class _FamilyPool:
+    """The synthetic family behind the `level` lookup auto_router uses, with model files
+    (the profile cache key reads them)."""
+
+    def __init__(self, models):
+        self.models = {m.name: m for m in models}
+
+    def level(self, name):
+        return self.models[name]
+
+
+def _pool_of_family(tmp_path):
+    from .router_synth import family
+
+    models = family()
+    for m in models:
+        m.path = tmp_path / f"{m.name}.gguf"
+        m.path.write_bytes(m.name.encode())
+    return _FamilyPool(models), models
+
+
 def test_auto_router_targets_the_largest_candidate_and_keeps_estimates_between_runs(tmp_path):
     from specrouter.cascade.sampling import SamplingParams
     from specrouter.router import auto_router
 
-    from .router_synth import family, seconds_per_token
+    from .router_synth import seconds_per_token
 
-    target, mid, small = family()
-    for m in (target, mid, small):
-        m.path = tmp_path / f"{m.name}.gguf"
-        m.path.write_bytes(m.name.encode())
-
-    class FakePool:
-        def level(self, name):
-            return {m.name: m for m in (target, mid, small)}[name]
-
+    pool, (target, mid, small) = _pool_of_family(tmp_path)
     (tmp_path / "acceptance.json").write_text("{broken")  # damaged estimates: start from priors
-    router = auto_router(FakePool(), None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False)
+    router = auto_router(pool, None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False)
     assert router.target is target and router.drafts == [small, mid] and router.message is None
     seconds_per_token(router, [target, mid, small], SamplingParams(), 40)
     router.save_estimates()
-    again = auto_router(FakePool(), None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False)
+    again = auto_router(pool, None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False)
     learned = {k for k, e in router.acceptance.global_.items() if e.count}
     assert learned and {k for k, e in again.acceptance.global_.items() if e.count} == learned
 
@@ -110,20 +123,10 @@ def test_a_bad_profile_file_fails_before_any_model_loads(tmp_path, command):
 def test_auto_router_takes_the_costs_a_profile_file_names(tmp_path):
     from specrouter.router import auto_router
 
-    from .router_synth import family
-
-    target, mid, small = family()
-    for m in (target, mid, small):
-        m.path = tmp_path / f"{m.name}.gguf"
-        m.path.write_bytes(m.name.encode())
-
-    class FakePool:
-        def level(self, name):
-            return {m.name: m for m in (target, mid, small)}[name]
-
+    pool, (target, mid, small) = _pool_of_family(tmp_path)
     file = tmp_path / "gpu.json"
     file.write_text(json.dumps(GPU_PROFILE))
-    router = auto_router(FakePool(), None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False,
+    router = auto_router(pool, None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False,
                          profile_file=file)
     assert router.costs.profile.tables["target"] == {1: 0.004, 2: 0.0041, 4: 0.0042, 8: 0.0045, 16: 0.005, 32: 0.006}
     assert target.decode_calls == 0 and mid.decode_calls > 0  # the others are measured here
