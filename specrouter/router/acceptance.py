@@ -18,6 +18,20 @@ prompts accept very differently). Both are EMAs that start as plain means, so th
 first observations count fully and later drift is followed; the per-request one also
 restarts when its recent window clearly departs from it (Estimate).
 
+A per-request estimate goes stale when its pair stops running: a request that left a
+chain after a few bad blocks never observes that pair again, so without more a single
+unlucky stretch would keep the chain out for the rest of the request (seen: a q4 draft
+under an fp32 target left after 5 cycles, 100 cycles of target alone followed, though
+the chain paid on that prompt). So its weight is discounted by the text generated
+since it was last observed, halving every STALE_HALF_LIFE committed tokens (the
+discounting of non-stationary bandits): the estimate drifts back to the global one, the
+scheduler tries the chain again once that predicts a gain (with its hysteresis). The
+retry's observations restore the estimate's full count, so one cycle of a pair that
+still disagrees sends the chain out again: a pair that really loses on this text costs
+about a cycle per half-life, and one that lost by bad luck is taken up again (its
+change detection follows good news within a block). Pairs observed every cycle (the
+n-gram in the shadow) never age.
+
 Pairs never observed get a prior: the triangle inequality of TV gives
 a_ik >= a_ij + a_jk - 1 through any model j observed with both (it also holds for
 greedy agreement, by the union bound); it is a guaranteed lower bound, so using it is
@@ -50,6 +64,8 @@ ALPHA_REQUEST = 0.1  # per position: ~10 positions (a few cycles) of memory
 ALPHA_GLOBAL = 0.01
 WINDOW, VAR_ALPHA, MIN_JUMP = 6, 0.02, 0.15  # change detection of per-request estimates
 PERSIST_CAP = 200.0  # a loaded global count is capped so new data can still move it
+#: Committed tokens after which an unobserved per-request estimate weighs half as much.
+STALE_HALF_LIFE = 32.0
 
 
 @dataclass
@@ -65,6 +81,11 @@ class Estimate:
     count: float = 0.0
     var: float = 0.0
     recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    seen_at: float = 0.0  # the estimator's position (committed tokens) at the last update
+
+    def weight_at(self, position: float) -> float:
+        """The count discounted by the tokens committed since the last update."""
+        return self.count * 0.5 ** (max(0.0, position - self.seen_at) / STALE_HALF_LIFE)
 
     def update(self, x: float, alpha: float, detect: bool = False) -> None:
         self.count += 1
@@ -104,17 +125,24 @@ class AcceptanceEstimator:
         self.global_: dict[tuple[str, str, str], Estimate] = {}
         self.request: dict[tuple[str, str], Estimate] = {}
         self.fill_: dict[tuple[str, str], Estimate] = {}  # proposals given / asked, per pair
+        self.position = 0.0  # tokens committed in this request: the clock of staleness
 
     def view(self) -> AcceptanceEstimator:
         """An estimator for one of several concurrent requests: its own per-request estimates
         and mode, the same global estimates (so every request teaches every other)."""
         twin = copy.copy(self)
         twin.request = {}
+        twin.position = 0.0
         return twin
 
     def start_request(self, greedy: bool) -> None:
         self.mode = "greedy" if greedy else "sampled"
         self.request.clear()
+        self.position = 0.0
+
+    def advance(self, committed: int) -> None:
+        """The request committed this many tokens (ages the per-request estimates)."""
+        self.position += committed
 
     # Observations ----------------------------------------------------------------
     def observe(self, proposer: str, verifier: str, proposals, q, p, requested: int) -> None:
@@ -127,6 +155,7 @@ class AcceptanceEstimator:
     def observe_scores(self, proposer: str, verifier: str, scores: Sequence[float]) -> None:
         g = self.global_.setdefault((self.mode, proposer, verifier), Estimate())
         r = self.request.setdefault((proposer, verifier), Estimate())
+        r.seen_at = self.position  # observed again: its full count counts again
         for s in scores:
             g.update(s, ALPHA_GLOBAL)
             r.update(s, ALPHA_REQUEST, detect=True)
@@ -139,7 +168,7 @@ class AcceptanceEstimator:
     def count(self, proposer: str, verifier: str) -> float:
         g = self.global_.get((self.mode, proposer, verifier))
         r = self.request.get((proposer, verifier))
-        return (g.count if g else 0.0) + (r.count if r else 0.0)
+        return (g.count if g else 0.0) + (r.weight_at(self.position) if r else 0.0)
 
     def observed(self, proposer: str, verifier: str) -> bool:
         return self.count(proposer, verifier) > 0
@@ -149,9 +178,10 @@ class AcceptanceEstimator:
         g = self.global_.get((self.mode, proposer, verifier))
         base = g.mean if g and g.count else self.prior(proposer, verifier, names)
         r = self.request.get((proposer, verifier))
-        if r is None or not r.count:
+        n = r.weight_at(self.position) if r is not None else 0.0
+        if not n:
             return base
-        w = r.count / (r.count + self.shrink)
+        w = n / (n + self.shrink)
         return w * r.mean + (1 - w) * base
 
     def prior(self, proposer: str, verifier: str, names: Sequence[str] = ()) -> float:

@@ -3,7 +3,7 @@ time per committed token, from the profiled costs and the acceptance estimates.
 
 Candidates: the target alone, and every subset of the draft models (in size order),
 each with or without the n-gram level at the bottom; per chain, draft lengths from a
-bounded grid (exhaustive up to 512 combinations, coordinate descent beyond).
+bounded grid (exhaustive up to MAX_EXHAUSTIVE combinations, coordinate descent beyond).
 
 Cheap per cycle: draft lengths are searched again only when an input moved enough
 (an acceptance by > RATE_TOLERANCE, a cost by > COST_TOLERANCE), and then locally
@@ -52,12 +52,15 @@ HYSTERESIS = 0.05
 EXPLORE_FRACTION = 0.03  # leaves room for auto >= 0.97x of the best static choice
 EXPLORE_BONUS = 0.5
 CONFIDENT = 48  # positions after which a pair is no longer probed
-DRAFT_GRID = tuple(range(1, 9))
+#: Draft lengths searched per level: every length to 8, then coarser. Long drafts pay when
+#: verifying n tokens costs about as much as one (an fp32 target on a CPU: flat from 3 to
+#: 16 tokens; any GPU); on llama.cpp q4 targets the search never goes past a few.
+DRAFT_GRID = (*range(1, 9), 10, 12, 16)
 RATE_TOLERANCE = 0.04  # acceptance move that triggers a re-plan
 FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
 COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
 HORIZON = 256  # tokens over which a catch-up cost is amortised at most
-MAX_EXHAUSTIVE = 512
+MAX_EXHAUSTIVE = 100  # 2-level chains: the whole grid; deeper ones by coordinate descent (a full plan costs ~15 ms, not ~90)
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
 
 
@@ -241,8 +244,9 @@ class Router:
         return Scored(spec, self._predict(spec, optimistic, room))
 
     def _local_search(self, names, optimistic, room, grid, start) -> Scored:
-        """Neighbours (+-1 per level) of the last best lengths until none improves: after a
-        small move of the inputs the optimum moves little, at a tenth of a full search."""
+        """Grid neighbours (one step down or up per level) of the last best lengths until none
+        improves: after a small move of the inputs the optimum moves little, at a tenth of a
+        full search."""
         def value(ks):
             return self._predict(ChainSpec(names, ks), optimistic, room).seconds_per_token
 
@@ -251,13 +255,15 @@ class Router:
         while improved:
             improved = False
             for level in range(len(ks)):
-                for step in (-1, 1):
-                    k = ks[level] + step
-                    if k in grid:
+                i = grid.index(ks[level])
+                for j in (i - 1, i + 1):
+                    if 0 <= j < len(grid):
+                        k = grid[j]
                         trial = ks[:level] + (k,) + ks[level + 1 :]
                         v = value(trial)
                         if v < best - 1e-12:
                             ks, best, improved = trial, v, True
+                            break
         spec = ChainSpec(names, ks)
         return Scored(spec, self._predict(spec, optimistic, room))
 
@@ -445,6 +451,7 @@ class Router:
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
         """After a cycle: what the target emitted and how long the cycle took."""
         committed = len(new_tokens)
+        self.acceptance.advance(committed)
         if self._ngram_x is not None and self.target.name not in self._ngram_scored:
             self._shadow_ngram_on_output(new_tokens)
         self.elapsed += seconds

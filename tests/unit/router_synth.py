@@ -8,6 +8,7 @@ from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.engine import generate
 from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts, Router, profile_model
+from specrouter.router.scheduler import DRAFT_GRID
 
 PROMPT = [1, 2, 3, 4, 5]
 
@@ -46,7 +47,7 @@ def seconds_per_token(chain_or_router, models, params, max_tokens, seed=0, promp
     return (clock() - before) / len(result.token_ids), result
 
 
-def static_chains(by_name: dict, names_list, grid=range(1, 9)):
+def static_chains(by_name: dict, names_list, grid=DRAFT_GRID):
     """Every chain of the given name tuples with every draft-length combination from grid."""
     import itertools
 
