@@ -4,6 +4,7 @@ and under `--chain auto`, with the oracle ceiling of verification.
 
     python -m benchmarks.torch_target [--per-dataset 10] [--max-tokens 128]
                                       [--sweep-per-dataset 1] [--sweep-tokens 48]
+    python -m benchmarks.torch_target --resume benchmarks/results/torch-target-DATE.json
 
 1. Sweep: every fixed chain on a small grid of draft lengths over a few prompts, greedy;
    the fastest lengths go on.
@@ -49,10 +50,12 @@ MIXED = {
 CHAINS = {TORCH_CHAIN: [TORCH_DRAFT, TARGET], **MIXED}
 # A q4 draft token costs a few % of an fp32 forward, a torch fp32 0.5B one about a third:
 # the q4 chains get longer drafts to choose from. Kept small: a sweep run costs ~20 s here.
+# The fp32 target verifies 16 tokens for about what 3 cost (profile below), so the q4
+# chains are swept up to 16, as far as the router's own grid goes.
 GRID = {
     TORCH_CHAIN: [(2,), (4,)],
-    "0.5B q4 -> 1.5B fp32": [(4,), (6,), (8,)],
-    "ngram -> 0.5B q4 -> 1.5B fp32": [(3, 6), (3, 8)],
+    "0.5B q4 -> 1.5B fp32": [(4,), (8,), (12,), (16,)],
+    "ngram -> 0.5B q4 -> 1.5B fp32": [(3, 8), (3, 16)],
 }
 ORACLE_KS = (4, 8, 16)
 DATASETS = ("humaneval", "gsm8k")
@@ -250,9 +253,15 @@ def verdicts(summary: dict[str, dict], runs: list[dict]) -> dict:
     }
 
 
-def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, out: Path) -> dict:
+def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, out: Path,
+        resume: dict | None = None) -> dict:
+    """The whole benchmark, or with `resume` (a saved, stopped result) the prompts it had not
+    measured yet: same settings and swept draft lengths, costs profiled afresh, one part
+    more in `parts` (a run of ~8 min a prompt may not fit one sitting)."""
     started = time.perf_counter()
     phases = {}
+    if resume is not None:
+        per_dataset, max_tokens = resume["settings"]["per_dataset"], resume["settings"]["max_tokens"]
     # One slot per model: runs are sequential (and the profiler then skips batched timings).
     pool = Pool(n_ctx=4096, n_seq_max=1)
     target, assistant = pool.level(TARGET), pool.level(TORCH_DRAFT)
@@ -262,38 +271,74 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     # One router for the whole run, as a server would keep it.
     router = auto_router(pool, TARGET, [SMALL, MID, TARGET], progress=False)
     profile = load_or_profile([pool.level(n) for n in (SMALL, MID, TORCH_DRAFT, TARGET)], progress=False)
+    profile_ms = {m: {n: round(1000 * s, 1) for n, s in sorted(t.items())} for m, t in profile.tables.items()}
     hf = hf_runner(target, assistant)
     hf(prompts[0][2], 4)  # transformers' first generate sets things up: keep that out of the runs
     phases["setup"] = time.perf_counter() - started
 
     factories = {m: (lambda ks, names=names: chain_runner(pool.chain(names, ks))) for m, names in CHAINS.items()}
-    sweep_prompts = [t for d in DATASETS for t in [t for ds, _, t in prompts if ds == d][:sweep_per_dataset]]
-    sweep_rows, best = sweep(factories, sweep_prompts, sweep_tokens)
-    phases["sweep"] = time.perf_counter() - started - sum(phases.values())
+    if resume is None:
+        sweep_prompts = [t for d in DATASETS for t in [t for ds, _, t in prompts if ds == d][:sweep_per_dataset]]
+        sweep_rows, best = sweep(factories, sweep_prompts, sweep_tokens)
+        phases["sweep"] = time.perf_counter() - started - sum(phases.values())
+    else:
+        best = {m: tuple(resume["methods"][m]["draft_lengths"]) for m in CHAINS}
 
     methods = {ALONE: chain_runner(pool.chain([TARGET], [])), HF: hf}
     methods.update({m: factories[m](best[m]) for m in CHAINS})
     methods[AUTO] = routed_runner(router)
-    result = {
-        "machine": {**machine_info(), **_versions()},
-        "settings": {"per_dataset": per_dataset, "max_tokens": max_tokens, "datasets": list(DATASETS),
-                     "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
-                     "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "oracle_ks": list(ORACLE_KS),
-                     "torch_threads": target.n_threads},
-        "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
-        "methods": {ALONE: {"chain": [TARGET]}, HF: {"target": TARGET, "assistant": TORCH_DRAFT},
-                    **{m: {"chain": CHAINS[m], "draft_lengths": list(best[m])} for m in CHAINS},
-                    AUTO: {"chain": "auto", "candidates": [SMALL, MID, TARGET]}},
-        "profile_ms": {m: {n: round(1000 * s, 1) for n, s in sorted(t.items())} for m, t in profile.tables.items()},
-        "sweep": sweep_rows,
-    }
-    result["runs"] = compare(methods, target, prompts, max_tokens,
-                             lambda runs: write_json({**result, "runs": runs, "complete": False}, out))
+    info = machine_info()
+    part = {"date": info["date"], "command": info["command"], "phase_seconds": {}, "profile_ms": profile_ms}
+    if resume is None:
+        result = {
+            "machine": {**info, **_versions()},
+            "settings": {"per_dataset": per_dataset, "max_tokens": max_tokens, "datasets": list(DATASETS),
+                         "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
+                         "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "oracle_ks": list(ORACLE_KS),
+                         "torch_threads": target.n_threads},
+            "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
+            "methods": {ALONE: {"chain": [TARGET]}, HF: {"target": TARGET, "assistant": TORCH_DRAFT},
+                        **{m: {"chain": CHAINS[m], "draft_lengths": list(best[m])} for m in CHAINS},
+                        AUTO: {"chain": "auto", "candidates": [SMALL, MID, TARGET]}},
+            "profile_ms": profile_ms,
+            "sweep": sweep_rows,
+            "parts": [],
+            "runs": [],
+        }
+    else:
+        result = {**resume, "parts": resume.get("parts") or [_first_part(resume)]}
+    done = measured_prompts(result["runs"], list(methods))
+    kept = [r for r in result["runs"] if (r["dataset"], r["prompt"]) in done]
+    todo = [p for p in prompts if (p[0], p[1]) not in done]
+    part["prompts"] = len(todo)
+    parts = [*result["parts"], part]
+    result["runs"] = kept + compare(
+        methods, target, todo, max_tokens,
+        lambda runs: write_json({**result, "parts": parts, "runs": kept + runs, "complete": False}, out))
     phases["main"] = time.perf_counter() - started - sum(phases.values())
-    result["phase_seconds"] = {k: round(v, 1) for k, v in phases.items()}
+    part["phase_seconds"] = {k: round(v, 1) for k, v in phases.items()}
+    result["parts"] = parts
+    if resume is None:
+        result["phase_seconds"] = part["phase_seconds"]
     result["complete"] = True
     pool.close()
     return result
+
+
+def measured_prompts(runs: list[dict], methods: Sequence[str]) -> set[tuple[str, str]]:
+    """Prompts with a run of every method and every oracle k (a prompt cut short is redone)."""
+    wanted = {*methods, *(f"oracle k={k}" for k in ORACLE_KS)}
+    seen: dict[tuple[str, str], set[str]] = {}
+    for r in runs:
+        seen.setdefault((r["dataset"], r["prompt"]), set()).add(r["method"])
+    return {key for key, got in seen.items() if wanted <= got}
+
+
+def _first_part(result: dict) -> dict:
+    """A result written before parts were recorded: its one part."""
+    return {"date": result["machine"]["date"], "command": result["machine"]["command"],
+            "phase_seconds": result.get("phase_seconds", {}),
+            "profile_ms": result["profile_ms"], "prompts": len({(r["dataset"], r["prompt"]) for r in result["runs"]})}
 
 
 def _versions() -> dict:
@@ -314,6 +359,8 @@ def markdown(result: dict) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, torch {m['torch']}, "
         f"transformers {m['transformers']}, llama-cpp-python {m['llama_cpp_python']}; torch threads {s['torch_threads']}.",
         f"Command: `{m['command']}`. Phases (s): {result['phase_seconds']}.",
+        *[f"Resumed {p['date']}: `{p['command']}`, {p['prompts']} prompts. Phases (s): {p['phase_seconds']}."
+          for p in result.get("parts", [])[1:]],
         "",
         f"{counts['humaneval']} HumanEval + {counts['gsm8k']} GSM8K prompts{stopped}, {s['max_tokens']} new tokens, greedy, "
         "one run; methods interleaved per prompt. Speedup = the target alone's ms/token / the method's, "
@@ -392,11 +439,15 @@ def write_report(result: dict, out: Path) -> None:
 
 
 def main() -> None:
-    args = benchmark_parser(__doc__, RESULTS).parse_args()
+    ap = benchmark_parser(__doc__, RESULTS)
+    ap.add_argument("--resume", type=Path, metavar="JSON",
+                    help="measure the prompts a stopped run (its JSON) had not reached, with its settings and draft lengths")
+    args = ap.parse_args()
     if args.render is not None:
         result = json.loads(args.render.read_text())
     else:
-        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.out)
+        resume = json.loads(args.resume.read_text()) if args.resume is not None else None
+        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.out, resume)
     write_report(result, args.out)
 
 

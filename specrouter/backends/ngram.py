@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 NGRAM_NAME = "ngram"
 
@@ -29,12 +28,22 @@ class NgramDrafter:
         if n <= 0 or len(context) < 2:
             return []
         arr = np.asarray(context, dtype=np.int64)
-        for size in range(min(self.max_ngram, len(arr) - 1), self.min_ngram - 1, -1):
-            suffix = arr[-size:]
-            # Windows that start before the suffix itself and have at least one token after them.
-            windows = sliding_window_view(arr[:-1], size)
-            hits = np.flatnonzero((windows == suffix).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + size
-                return arr[start : start + n].tolist()
-        return []
+        last = len(arr) - 1
+        # Earlier occurrences of the last token (each has a token after it), then how far
+        # back each agrees with the suffix: one pass over the context, not one per size.
+        ends = np.flatnonzero(arr[:-1] == arr[-1])
+        if not ends.size:
+            return []
+        longest = min(self.max_ngram, last)
+        agree = np.ones(ends.size, dtype=bool)
+        length = np.ones(ends.size, dtype=np.int64)
+        for back in range(1, longest):
+            ok = ends >= back
+            agree &= ok
+            agree[ok] &= arr[ends[ok] - back] == arr[last - back]
+            length += agree
+        size = int(length.max())
+        if size < self.min_ngram:
+            return []
+        start = int(ends[length >= size][-1]) + 1
+        return arr[start : start + n].tolist()

@@ -6,7 +6,8 @@ each with or without the n-gram level at the bottom; per chain, draft lengths fr
 bounded grid (exhaustive up to MAX_EXHAUSTIVE combinations, coordinate descent beyond).
 
 Cheap per cycle: draft lengths are searched again only when an input moved enough
-(an acceptance by > RATE_TOLERANCE, a cost by > COST_TOLERANCE), and then locally
+(an acceptance by > RATE_TOLERANCE, a cost by > COST_TOLERANCE; for such small moves at
+most every PLAN_EVERY cycles, for BIG_MOVE tolerances at once), and then locally
 around the last optimum (a full search every FULL_SEARCH_EVERY re-plans). Every cycle
 adds each chain's one-time catch-up cost (a model that sat out must first feed what it
 missed, lazily) amortised over the tokens still to come, and compares. Hysteresis: the
@@ -59,6 +60,7 @@ DRAFT_GRID = (*range(1, 9), 10, 12, 16)
 RATE_TOLERANCE = 0.04  # acceptance move that triggers a re-plan
 FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
 COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
+PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 tolerances at once
 HORIZON = 256  # tokens over which a catch-up cost is amortised at most
 MAX_EXHAUSTIVE = 100  # 2-level chains: the whole grid; deeper ones by coordinate descent (a full plan costs ~15 ms, not ~90)
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
@@ -181,6 +183,7 @@ class Router:
         self.current = None
         self._plan_inputs = None
         self._cycle = 0
+        self._planned_at = -PLAN_EVERY
         self._probe: tuple[ChainSpec, float] | None = None
         self.decisions = []  # per request
         self._best, self._optimistic = {}, {}  # a request's first plan is a full search
@@ -276,22 +279,28 @@ class Router:
                 "fills": {(j, i): self.acceptance.fill(j, i) for j, i in pairs},
                 "costs": self.costs.snapshot(), "room": min(room, max(self.grid) + 1), "batch": self.batch_size}
 
-    def _moved(self, old: dict | None, new: dict) -> bool:
-        """Re-plan only when an input moved enough to matter (timings jitter every cycle)."""
+    def _move(self, old: dict | None, new: dict) -> float:
+        """How far the inputs moved since the last plan, in tolerances (>= 1: enough to
+        matter; timings jitter every cycle). Infinite when the problem itself changed."""
         if old is None or old["room"] != new["room"] or old["batch"] != new["batch"] \
                 or old["costs"].keys() != new["costs"].keys():
-            return True
-        if any(abs(new["rates"][k] - v) > RATE_TOLERANCE for k, v in old["rates"].items()):
-            return True
-        if any(abs(new["fills"][k] - v) > 0.1 for k, v in old["fills"].items()):
-            return True
-        return any(abs(new["costs"][k] - v) > COST_TOLERANCE * max(abs(v), 1e-9) for k, v in old["costs"].items()
-                   if k != "overhead") or abs(new["costs"]["overhead"] - old["costs"]["overhead"]) > 5e-4
+            return math.inf
+        moves = [abs(new["rates"][k] - v) / RATE_TOLERANCE for k, v in old["rates"].items()]
+        moves += [abs(new["fills"][k] - v) / 0.1 for k, v in old["fills"].items()]
+        moves += [abs(new["costs"][k] - v) / (COST_TOLERANCE * max(abs(v), 1e-9))
+                  for k, v in old["costs"].items() if k != "overhead"]
+        moves.append(abs(new["costs"]["overhead"] - old["costs"]["overhead"]) / 5e-4)
+        return max(moves)
 
     def _refresh(self, room: int) -> None:
         inputs = self._inputs(room)
-        if not self._moved(self._plan_inputs, inputs):
+        move = self._move(self._plan_inputs, inputs)
+        # A small move waits until PLAN_EVERY cycles have passed since the last plan: the
+        # per-request estimates and the cost EMAs cross one tolerance most cycles, and a plan
+        # costs ~1 ms of Python, ~1.5% of a CPU token. A large move re-plans at once.
+        if move < 1 or (move < BIG_MOVE and self._cycle - self._planned_at < PLAN_EVERY):
             return
+        self._planned_at = self._cycle
         self._plan_inputs = inputs
         self.replans += 1
         self._plan = {**inputs, "cost": functools.lru_cache(maxsize=None)(self._batch_cost), "memo": {}, "memo_opt": {}}

@@ -19,3 +19,28 @@ def test_proposes_nothing_without_a_match():
 def test_continuation_is_capped_by_n_and_the_context_end():
     d = NgramDrafter(max_ngram=1)
     assert d.propose([3, 4, 5, 3], 10) == [4, 5, 3]
+
+
+def _reference(context, n, max_ngram, min_ngram):
+    """The definition, spelled out: the longest suffix (max_ngram down to min_ngram) that
+    occurred earlier with a token after it; the continuation of its latest occurrence."""
+    for size in range(min(max_ngram, len(context) - 1), min_ngram - 1, -1):
+        suffix = context[-size:]
+        for start in range(len(context) - size - 1, -1, -1):
+            if context[start : start + size] == suffix:
+                return context[start + size : start + size + n]
+    return []
+
+
+def test_matches_the_definition_on_random_contexts():
+    import random
+
+    rng = random.Random(0)
+    for trial in range(3000):
+        vocab = rng.choice([2, 3, 5, 50])
+        context = [rng.randrange(vocab) for _ in range(rng.randrange(0, 40))]
+        max_ngram = rng.randrange(1, 6)
+        min_ngram = rng.randrange(1, max_ngram + 1)
+        n = rng.randrange(0, 10)
+        expected = _reference(context, n, max_ngram, min_ngram) if n > 0 and len(context) >= 2 else []
+        assert NgramDrafter(max_ngram, min_ngram).propose(context, n) == expected, (context, n, max_ngram, min_ngram)
