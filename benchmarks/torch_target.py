@@ -359,7 +359,8 @@ def markdown(result: dict) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, torch {m['torch']}, "
         f"transformers {m['transformers']}, llama-cpp-python {m['llama_cpp_python']}; torch threads {s['torch_threads']}.",
         f"Command: `{m['command']}`. Phases (s): {result['phase_seconds']}.",
-        *[f"Resumed {p['date']}: `{p['command']}`, {p['prompts']} prompts. Phases (s): {p['phase_seconds']}."
+        *[f"Resumed {p['date']}: `{p['command']}`, for the {p['prompts']} prompts not measured before. "
+          f"Phases (s): {p['phase_seconds']}."
           for p in result.get("parts", [])[1:]],
         "",
         f"{counts['humaneval']} HumanEval + {counts['gsm8k']} GSM8K prompts{stopped}, {s['max_tokens']} new tokens, greedy, "

@@ -297,7 +297,7 @@ class Router:
         move = self._move(self._plan_inputs, inputs)
         # A small move waits until PLAN_EVERY cycles have passed since the last plan: the
         # per-request estimates and the cost EMAs cross one tolerance most cycles, and a plan
-        # costs ~1 ms of Python, ~1.5% of a CPU token. A large move re-plans at once.
+        # costs ~2 ms of Python, ~2.5% of a CPU token. A large move re-plans at once.
         if move < 1 or (move < BIG_MOVE and self._cycle - self._planned_at < PLAN_EVERY):
             return
         self._planned_at = self._cycle

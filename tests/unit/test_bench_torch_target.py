@@ -27,7 +27,8 @@ def test_the_report_of_a_resumed_run_names_each_part(tmp_path):
               "phase_seconds": {"setup": 100.0, "main": 900.0}, "profile_ms": saved["profile_ms"], "prompts": 2}
     tt.write_report({**saved, "parts": [first, second]}, tmp_path)
     md = (tmp_path / f"{tt._stem(saved)}.md").read_text()
-    assert "Resumed 2026-12-01T10:00:00: `python -m benchmarks.torch_target --resume x.json`, 2 prompts." in md
+    assert ("Resumed 2026-12-01T10:00:00: `python -m benchmarks.torch_target --resume x.json`, "
+            "for the 2 prompts not measured before.") in md
     assert md.count("Resumed") == 1
     # A result written before parts existed renders as before.
     tt.write_report(saved, tmp_path)
