@@ -10,8 +10,12 @@ lengths, llama.cpp's own prompt-lookup speculation and `--chain auto`, in one ru
    few prompts per dataset, greedy; the fastest lengths go on.
 3. Main comparison: HumanEval (raw completion), GSM8K and MT-Bench (first turn, chat),
    greedy and temperature 0.7; for every prompt and mode every method runs in turn, so
-   drift of the machine hits all alike. One auto router serves the whole run.
-4. Predictor error: predicted vs measured decode ms/token of every fixed-chain run.
+   drift of the machine hits all alike: the target alone first and last (its speed is the
+   two runs pooled), the others between them in an order that rotates from turn to turn.
+   One auto router serves the whole run.
+4. Predictor error: predicted vs measured decode ms/token of every fixed-chain run, with
+   the idle profile's costs and with those costs scaled to the machine's speed during the
+   prompt (measured by the target alone's runs beside it).
 Writes router-<date>.json, router-<date>.md and PNG plots to benchmarks/results/.
 """
 
@@ -99,26 +103,37 @@ def sweep_subset(prompts: list, per_dataset: int) -> list[list[int]]:
     return [tokens for d in DATASETS for tokens in [t for ds, _, t in prompts if ds == d][:per_dataset]]
 
 
+def run_order(methods: list[str], turn: int) -> list[str]:
+    """The target alone first and last (ABBA: drift of the machine over a prompt's runs hits
+    its pooled speed as it hits the methods in between), the others in between, rotated
+    by one place per turn so that no method always runs next to the same neighbours or last."""
+    others = [m for m in methods if m != BASELINE]
+    shift = turn % len(others) if others else 0
+    return [BASELINE, *others[shift:], *others[:shift], BASELINE]
+
+
 def compare(methods: dict[str, Runner], prompts: list, pool: Pool, max_tokens: int) -> list[dict]:
-    """Every method on every prompt and mode, interleaved; one record per run."""
+    """Every method on every prompt and mode, interleaved (see run_order); one record per run."""
     runs = []
-    with tqdm(total=len(prompts) * len(MODES) * len(methods), desc="main", unit="run") as bar:
+    turn = 0
+    with tqdm(total=len(prompts) * len(MODES) * (len(methods) + 1), desc="main", unit="run") as bar:
         for seed, (dataset, pid, tokens) in enumerate(prompts, 1):
             # The predictor models decoding only: each model's prefill of this prompt is subtracted.
             prefill = {name: prefill_seconds(pool.level(name), tokens) for name in (SMALL, TARGET)}
             for mode, make_params in MODES.items():
                 params = make_params(seed)
                 reference = None
-                for method, runner in methods.items():
+                for position, method in enumerate(run_order(list(methods), turn)):
                     bar.set_postfix_str(f"{dataset} {mode} {method}")
-                    record, ids = runner(tokens, params, max_tokens)
+                    record, ids = methods[method](tokens, params, max_tokens)
                     reference = ids if reference is None else reference
-                    record.update(dataset=dataset, prompt=pid, mode=mode, method=method,
+                    record.update(dataset=dataset, prompt=pid, mode=mode, method=method, position=position,
                                   same_as_target=(ids == reference) if params.greedy else None)
                     if "chain" in record:
                         record["prefill_seconds"] = sum(prefill[n] for n in record["chain"] if n in prefill)
                     runs.append(record)
                     bar.update(1)
+                turn += 1
     return runs
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.summary import BASELINE, baseline_speeds, ratio_to_baseline
+from benchmarks.summary import BASELINE, baseline_drift, baseline_speeds, ratio_to_baseline
 
 AUTO_FLOOR = 0.97  # what auto must reach against the target alone on every dataset and mode
 
@@ -30,8 +30,16 @@ def _header(result: dict) -> str:
             f"{s['n_threads']} threads. Command: `{m['command']}`. Run time {total:.1f} min ({phases}).\n\n"
             f"{s['per_dataset']} prompts each of {', '.join(s['datasets'])} (HumanEval as raw completion, GSM8K and "
             f"MT-Bench first turn through the chat template), {s['max_tokens']} new tokens, modes {', '.join(s['modes'])} "
-            "(temperature 0.7: no top-k/top-p, one seed per prompt for every method). One run per prompt, mode and "
-            "method, methods interleaved per prompt. Tokens/s is wall time of the whole generation, prompt included.")
+            "(temperature 0.7: no top-k/top-p, one seed per prompt for every method). " + _order(result)
+            + " Tokens/s is wall time of the whole generation, prompt included.")
+
+
+def _order(result: dict) -> str:
+    if any("position" in r for r in result["runs"]):
+        return ("Per prompt and mode the target alone runs first and last (its speed there: both runs pooled, the "
+                "reference of every ratio) and every other method once in between, in an order rotated by one "
+                "place from turn to turn.")
+    return "One run per prompt, mode and method, methods interleaved per prompt (target alone first, auto last)."
 
 
 def _ratios(result: dict) -> str:
@@ -54,20 +62,29 @@ def _ratios(result: dict) -> str:
     return "## Median ratio to the target alone (per prompt)\n\n" + _table(header, rows) + verdict
 
 
+def _spread(values: list[float]) -> str:
+    values = sorted(values)
+    tenth = len(values) // 10
+    return (f"median {statistics.median(values):.3f}, range {values[0]:.3f}-{values[-1]:.3f} "
+            f"(middle 80%: {values[tenth]:.3f}-{values[-1 - tenth]:.3f})")
+
+
 def _noise(result: dict) -> str:
-    """auto runs that never left the target alone did the baseline's work again: the spread
-    of their ratios is what one measurement's noise does to a ratio on this machine."""
+    """Two measures of what one run's noise does to a ratio on this machine: the target
+    alone's second run over its first, and auto runs that never left the target alone
+    (the baseline's work plus the router's bookkeeping) against the baseline."""
+    runs = result["runs"]
     target = result["methods"][BASELINE]["chain"][-1]
-    base = baseline_speeds(result["runs"])
-    ratios = sorted(ratio_to_baseline(r, base) for r in result["runs"]
-                    if r["method"] == "auto" and set(r["chains_used"]) == {target})
-    if len(ratios) < 5:
-        return ""
-    tenth = len(ratios) // 10
-    return (f" Control: {len(ratios)} auto runs never left the target alone (the baseline's work, run again); "
-            f"their ratio to the baseline has median {statistics.median(ratios):.3f} and ranges "
-            f"{ratios[0]:.3f}-{ratios[-1]:.3f} (middle 80%: {ratios[tenth]:.3f}-{ratios[-1 - tenth]:.3f}): "
-            "the noise of one run per method.")
+    base = baseline_speeds(runs)
+    ratios = [ratio_to_baseline(r, base) for r in runs if r["method"] == "auto" and set(r["chains_used"]) == {target}]
+    drift = baseline_drift(runs)
+    out = ""
+    if len(drift) >= 5:
+        out += f" Noise: the target alone's last run over its first on the same prompt: {_spread(drift)}."
+    if len(ratios) >= 5:
+        out += (f" Control: {len(ratios)} auto runs never left the target alone; their ratio to the baseline: "
+                f"{_spread(ratios)}.")
+    return out
 
 
 def _details(result: dict) -> str:
@@ -102,7 +119,7 @@ def _predictor(result: dict) -> str:
     modes = result["settings"]["modes"]
     rows = [[method, e["runs"], e["median_predicted_ms"], e["median_measured_ms"],
              *(e.get(f"median_relative_error | {m}", "") for m in modes), e["median_relative_error"],
-             e["median_signed_error"]] for method, e in table.items()]
+             e["median_signed_error"], e.get("median_scaled_relative_error") or ""] for method, e in table.items()]
     return ("## Predictor error\n\n"
             "Per fixed-chain run of the main comparison: `specrouter.router.predictor.predict` at the chain's draft "
             "lengths, with the profiled forward costs (the router's cached profile) and, per level pair, the "
@@ -110,9 +127,13 @@ def _predictor(result: dict) -> str:
             "a + ... + a^m with m the proposals asked per block, equals the run's mean) and fill (proposals given / "
             "asked), against the measured decode time per token (wall time minus each model's prefill of the "
             "prompt, timed separately). Relative error |predicted - measured| / measured; signed error > 0 means "
-            "the predictor is slower than reality.\n\n"
+            "the predictor is slower than reality. Scaled: every cost times the prompt's machine factor (the target "
+            "alone's measured decode time per token beside the run over its profiled one): the predictor's error "
+            "once the costs are at the machine's speed of the moment, as the router's online costs track it; not "
+            "given for the target alone, whose factor it is.\n\n"
             + _table(["chain", "runs", "median predicted ms/token", "median measured ms/token",
-                      *(f"median rel. error {m}" for m in modes), "median rel. error (all)", "median signed error"],
+                      *(f"median rel. error {m}" for m in modes), "median rel. error (all)", "median signed error",
+                      "median rel. error, scaled"],
                      rows))
 
 

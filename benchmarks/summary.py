@@ -21,13 +21,34 @@ def _unique(values: Iterable) -> list:
     return list(dict.fromkeys(values))
 
 
+def _key(run: dict) -> tuple:
+    return run["dataset"], run["prompt"], run["mode"]
+
+
 def baseline_speeds(runs: list[dict]) -> dict[tuple, float]:
-    """The target alone's tokens/s per (dataset, prompt, mode)."""
-    return {(r["dataset"], r["prompt"], r["mode"]): r["tokens_per_second"] for r in runs if r["method"] == BASELINE}
+    """The target alone's tokens/s per (dataset, prompt, mode): its runs there (first and
+    last of the prompt's turn) pooled, total tokens over total seconds."""
+    pooled: dict[tuple, list[float]] = {}
+    for r in runs:
+        if r["method"] == BASELINE:
+            total = pooled.setdefault(_key(r), [0.0, 0.0])
+            total[0] += r["tokens"]
+            total[1] += r["seconds"]
+    return {k: tokens / seconds for k, (tokens, seconds) in pooled.items()}
+
+
+def baseline_drift(runs: list[dict]) -> list[float]:
+    """Per (dataset, prompt, mode) with two target-alone runs: the second's tokens/s over
+    the first's. The same work twice, minutes apart: the noise floor of any ratio here."""
+    speeds: dict[tuple, list[float]] = {}
+    for r in runs:
+        if r["method"] == BASELINE:
+            speeds.setdefault(_key(r), []).append(r["tokens_per_second"])
+    return [s[-1] / s[0] for s in speeds.values() if len(s) >= 2]
 
 
 def ratio_to_baseline(run: dict, baseline: dict[tuple, float]) -> float:
-    return run["tokens_per_second"] / baseline[(run["dataset"], run["prompt"], run["mode"])]
+    return run["tokens_per_second"] / baseline[_key(run)]
 
 
 def summarise(runs: list[dict]) -> dict[str, dict]:
@@ -112,17 +133,39 @@ def measured_seconds_per_token(run: dict) -> float:
     return (run["seconds"] - run["prefill_seconds"]) / run["tokens"]
 
 
+def machine_factors(runs: list[dict], cost: Callable[[str, float], float]) -> dict[tuple, float]:
+    """Per (dataset, prompt, mode): the target alone's measured decode time per token over
+    its predicted one (its runs there pooled). The profile is measured on an idle machine
+    at a short context; this is how much slower the machine ran beside those runs."""
+    pooled: dict[tuple, list[float]] = {}
+    for r in runs:
+        if r["method"] == BASELINE and "pairs" in r and r["tokens"]:
+            total = pooled.setdefault(_key(r), [0.0, 0.0])
+            total[0] += measured_seconds_per_token(r)
+            total[1] += predicted_seconds_per_token(r, cost)
+    return {k: measured / predicted for k, (measured, predicted) in pooled.items() if predicted > 0}
+
+
 def predictor_errors(runs: list[dict], cost: Callable[[str, float], float]) -> list[dict]:
-    """Per fixed-chain run: predicted and measured decode ms/token and the relative error."""
+    """Per fixed-chain run: predicted and measured decode ms/token and the relative error;
+    for chains, also the error once every cost is scaled by the prompt's machine factor
+    (the prediction is linear in the costs, so the scaled prediction is factor x predicted)."""
+    factors = machine_factors(runs, cost)
     out = []
     for r in runs:
         if "pairs" not in r or not r["tokens"]:
             continue
         predicted, measured = predicted_seconds_per_token(r, cost), measured_seconds_per_token(r)
-        out.append({"method": r["method"], "dataset": r["dataset"], "mode": r["mode"], "prompt": r["prompt"],
-                    "predicted_ms": round(predicted * 1e3, 2), "measured_ms": round(measured * 1e3, 2),
-                    "relative_error": round(abs(predicted - measured) / measured, 4),
-                    "signed_error": round((predicted - measured) / measured, 4)})
+        entry = {"method": r["method"], "dataset": r["dataset"], "mode": r["mode"], "prompt": r["prompt"],
+                 "predicted_ms": round(predicted * 1e3, 2), "measured_ms": round(measured * 1e3, 2),
+                 "relative_error": round(abs(predicted - measured) / measured, 4),
+                 "signed_error": round((predicted - measured) / measured, 4)}
+        factor = factors.get(_key(r))
+        if r["pairs"] and factor is not None:  # the target alone would be compared with itself
+            scaled = predicted * factor
+            entry["machine_factor"] = round(factor, 4)
+            entry["scaled_relative_error"] = round(abs(scaled - measured) / measured, 4)
+        out.append(entry)
     return out
 
 
@@ -136,6 +179,8 @@ def error_table(errors: list[dict]) -> dict[str, dict]:
                  "median_measured_ms": round(statistics.median(e["measured_ms"] for e in rows), 1),
                  "median_relative_error": round(statistics.median(e["relative_error"] for e in rows), 3),
                  "median_signed_error": round(statistics.median(e["signed_error"] for e in rows), 3)}
+        scaled = [e["scaled_relative_error"] for e in rows if "scaled_relative_error" in e]
+        entry["median_scaled_relative_error"] = round(statistics.median(scaled), 3) if scaled else None
         for mode in _unique(e["mode"] for e in errors):
             per_mode = [e["relative_error"] for e in rows if e["mode"] == mode]
             entry[f"median_relative_error | {mode}"] = round(statistics.median(per_mode), 3) if per_mode else None

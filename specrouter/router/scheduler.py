@@ -19,10 +19,22 @@ context, so every pair of models in the chain is scored there, adjacent or not; 
 n-gram lookup (microseconds) runs in the shadow every cycle and is scored against the
 rows the models compute anyway, or against the target's output when it runs alone.
 
+The n-gram level is routed per cycle on what its lookup found: its acceptance is kept
+per length of the suffix match (1..max_ngram, `ngram_key`), and the lookup is done
+before the choice, so a cycle whose match is long (often right) drafts with it and one
+whose match is a single token (right about a quarter of the time on code) does not.
+Chains that differ only by the n-gram level form one family: moving inside a family
+costs nothing (the n-gram has no cache), so hysteresis applies between families only.
+
 Exploration: a chain whose pairs are barely observed is probed for one cycle when its
 optimistic prediction (acceptance + EXPLORE_BONUS / sqrt(count + 1)) would beat the
-current best, and only while the measured extra time of all probes stays within
-EXPLORE_FRACTION of generation time (elapsed plus expected remaining). The cap is what
+current best; so is a chain left after a bad stretch of this request, optimistically at
+the global estimate (AcceptanceEstimator.stale_low: the stretch may have passed, and its
+own estimate only drifts back as it goes stale, which with an fp32 target at 0.7 s a
+token took ~100 tokens while the chain would have run 1.7x faster). After a probe the
+next choice is re-planned at once. Probes run only while the measured extra time of all
+of them stays within EXPLORE_FRACTION of generation time (elapsed plus expected
+remaining). The cap is what
 keeps `auto` within a few percent of the best static choice when nothing pays; the
 optimism is what lets it find a draft that does pay, and a chain that cannot win even
 optimistically is never probed (on a CPU where drafting loses, nothing is). A probe's
@@ -64,6 +76,28 @@ PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 t
 HORIZON = 256  # tokens over which a catch-up cost is amortised at most
 MAX_EXHAUSTIVE = 100  # 2-level chains: the whole grid; deeper ones by coordinate descent (a full plan costs ~15 ms, not ~90)
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
+
+
+def ngram_key(size: int) -> str:
+    """The estimator's name for the n-gram level when its suffix match has this length."""
+    return f"{NGRAM_NAME}#{size}"
+
+
+class _MatchTrackingNgram(NgramDrafter):
+    """The router's n-gram level: remembers the match length of its last proposal, so that
+    every block it drafts in a cycle (a middle level may ask it several times) is scored
+    under its own match class."""
+
+    last_size = 0
+
+    def propose(self, context: Sequence[int], n: int) -> list[int]:
+        tokens, self.last_size = self.lookup(context, n)
+        return tokens
+
+
+def _family(names: Sequence[str]) -> tuple[str, ...]:
+    """A chain without its n-gram level: chains of one family switch freely between cycles."""
+    return tuple(n for n in names if n != NGRAM_NAME)
 
 
 @dataclass
@@ -114,7 +148,7 @@ class Router:
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
-        self.ngram = NgramDrafter() if use_ngram else None
+        self.ngram = _MatchTrackingNgram() if use_ngram else None
         self.costs = costs
         self.acceptance = acceptance or AcceptanceEstimator()
         self.grid = tuple(draft_grid)
@@ -126,9 +160,13 @@ class Router:
             self._levels[NGRAM_NAME] = self.ngram
         self.chains = self._enumerate()
         self.names = [NGRAM_NAME] * bool(self.ngram) + [m.name for m in self.models]
+        self._ngram_keys = [ngram_key(n) for n in range(1, self.ngram.max_ngram + 1)] if self.ngram else []
         self._chain_objs: dict[ChainSpec, Chain] = {}
+        # Plans: chains without the n-gram level, and per match class those with it (lazily).
         self._best: dict[tuple[str, ...], Scored] = {}
         self._optimistic: dict[tuple[str, ...], Scored] = {}
+        self._by_class: dict[str, tuple[dict, dict]] = {}
+        self._previous_by_class: dict[str, tuple[dict, dict]] = {}
         self._plan_inputs = None
         self._plan: dict = {}
         self.replans = 0
@@ -167,7 +205,7 @@ class Router:
             raise InvalidParameterError("the target cannot be excluded from routing")
         self.chains = [c for c in self.chains if name not in c]
         self.names = [n for n in self.names if n != name]
-        self._plan_inputs, self._best, self._optimistic = None, {}, {}
+        self._plan_inputs, self._best, self._optimistic, self._by_class = None, {}, {}, {}
         if self.current is not None and name in self.current.names:
             self.current = None
 
@@ -187,11 +225,13 @@ class Router:
         self._probe: tuple[ChainSpec, float] | None = None
         self.decisions = []  # per request
         self._best, self._optimistic = {}, {}  # a request's first plan is a full search
+        self._by_class, self._previous_by_class = {}, {}
         self._reset_cycle()
 
     def _reset_cycle(self) -> None:
         self._first_row: dict[str, object] = {}
         self._ngram_x: list[int] | None = None  # the n-gram's proposal at the cycle's context
+        self._ngram_key: str | None = None  # and its match class (None: it found nothing)
         self._ngram_scored: set[str] = set()  # verifiers it was scored against this cycle
         self._fwd_seconds = 0.0
         self._fwd_count = 0
@@ -205,53 +245,64 @@ class Router:
             self.acceptance.save(self.estimates_file)
 
     # Decision ---------------------------------------------------------------------------
-    def _rate(self, j: str, i: str) -> float:
-        return self.acceptance.rate(j, i, self.names)
+    def _estimate_names(self) -> list[str]:
+        return [*self._ngram_keys, *(n for n in self.names if n != NGRAM_NAME)]
 
-    def _predict(self, spec: ChainSpec, optimistic: bool = False, room: int | None = None) -> Prediction:
-        """Prediction from the inputs frozen at the last re-plan (memoised across calls)."""
+    def _rate(self, j: str, i: str) -> float:
+        return self.acceptance.rate(j, i, self._estimate_names())
+
+    def _key(self, name: str, cls: str | None) -> str:
+        """The estimator's name of a chain level in this cycle (the n-gram: its match class)."""
+        return cls if name == NGRAM_NAME and cls is not None else name
+
+    def _predict(self, spec: ChainSpec, optimistic: bool = False, room: int | None = None,
+                 cls: str | None = None) -> Prediction:
+        """Prediction from the inputs frozen at the last re-plan (memoised across calls), with
+        the n-gram level's estimates of match class `cls`."""
         plan = self._plan
         rates = plan["optimistic" if optimistic else "rates"]
-        return predict(spec, plan["cost"], lambda j, i: rates[(j, i)], lambda j, i: plan["fills"][(j, i)],
-                       room, plan["memo_opt" if optimistic else "memo"])
+        memo = plan["memo"].setdefault((optimistic, cls), {})
+        key = self._key
+        return predict(spec, plan["cost"], lambda j, i: rates[(key(j, cls), i)],
+                       lambda j, i: plan["fills"][(key(j, cls), i)], room, memo)
 
     def _best_lengths(self, names: tuple[str, ...], optimistic: bool, room: int | None,
-                      start: tuple[int, ...] | None = None) -> Scored:
+                      start: tuple[int, ...] | None = None, cls: str | None = None) -> Scored:
         depth = len(names) - 1
         if depth == 0:
             spec = ChainSpec(names)
-            return Scored(spec, self._predict(spec, optimistic, room))
+            return Scored(spec, self._predict(spec, optimistic, room, cls))
         grid = self.grid
         if room is not None:  # the target never takes more than room - 1 proposals
             grid = tuple(k for k in grid if k < max(room, 2)) or (1,)
         if start is not None and all(k in grid for k in start):
-            return self._local_search(names, optimistic, room, grid, start)
+            return self._local_search(names, optimistic, room, grid, start, cls)
         if len(grid) ** depth <= MAX_EXHAUSTIVE:
             options = [ChainSpec(names, ks) for ks in itertools.product(grid, repeat=depth)]
-            best = min(options, key=lambda s: self._predict(s, optimistic, room).seconds_per_token)
-            return Scored(best, self._predict(best, optimistic, room))
+            best = min(options, key=lambda s: self._predict(s, optimistic, room, cls).seconds_per_token)
+            return Scored(best, self._predict(best, optimistic, room, cls))
         ks = [grid[len(grid) // 2]] * depth  # coordinate descent from the middle of the grid
-        best_val = self._predict(ChainSpec(names, tuple(ks)), optimistic, room).seconds_per_token
+        best_val = self._predict(ChainSpec(names, tuple(ks)), optimistic, room, cls).seconds_per_token
         for _ in range(4):
             improved = False
             for level in range(depth):
                 for k in grid:
                     trial = ks.copy()
                     trial[level] = k
-                    val = self._predict(ChainSpec(names, tuple(trial)), optimistic, room).seconds_per_token
+                    val = self._predict(ChainSpec(names, tuple(trial)), optimistic, room, cls).seconds_per_token
                     if val < best_val - 1e-12:
                         ks, best_val, improved = trial, val, True
             if not improved:
                 break
         spec = ChainSpec(names, tuple(ks))
-        return Scored(spec, self._predict(spec, optimistic, room))
+        return Scored(spec, self._predict(spec, optimistic, room, cls))
 
-    def _local_search(self, names, optimistic, room, grid, start) -> Scored:
+    def _local_search(self, names, optimistic, room, grid, start, cls) -> Scored:
         """Grid neighbours (one step down or up per level) of the last best lengths until none
         improves: after a small move of the inputs the optimum moves little, at a tenth of a
         full search."""
         def value(ks):
-            return self._predict(ChainSpec(names, ks), optimistic, room).seconds_per_token
+            return self._predict(ChainSpec(names, ks), optimistic, room, cls).seconds_per_token
 
         ks, best = tuple(start), value(tuple(start))
         improved = True
@@ -268,14 +319,21 @@ class Router:
                             ks, best, improved = trial, v, True
                             break
         spec = ChainSpec(names, ks)
-        return Scored(spec, self._predict(spec, optimistic, room))
+        return Scored(spec, self._predict(spec, optimistic, room, cls))
 
     def _inputs(self, room: int) -> dict:
-        pairs = list(itertools.permutations(self.names, 2))
+        # Chains run in size order, so a proposer is always smaller than its verifier.
+        models = [n for n in self.names if n != NGRAM_NAME]
+        pairs = [*itertools.combinations(models, 2), *((k, m) for k in self._ngram_keys for m in models)]
         rates = {(j, i): self._rate(j, i) for j, i in pairs}
-        optimistic = {(j, i): min(0.98, rates[(j, i)] + EXPLORE_BONUS / math.sqrt(self.acceptance.count(j, i) + 1))
-                      for j, i in pairs}
-        return {"rates": rates, "optimistic": optimistic,
+        optimistic, stale = {}, set()
+        for j, i in pairs:
+            bonus = rates[(j, i)] + EXPLORE_BONUS / math.sqrt(self.acceptance.count(j, i) + 1)
+            low = self.acceptance.stale_low(j, i)
+            if low is not None:
+                stale.add((j, i))
+            optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
+        return {"rates": rates, "optimistic": optimistic, "stale": stale,
                 "fills": {(j, i): self.acceptance.fill(j, i) for j, i in pairs},
                 "costs": self.costs.snapshot(), "room": min(room, max(self.grid) + 1), "batch": self.batch_size}
 
@@ -286,6 +344,7 @@ class Router:
                 or old["costs"].keys() != new["costs"].keys():
             return math.inf
         moves = [abs(new["rates"][k] - v) / RATE_TOLERANCE for k, v in old["rates"].items()]
+        moves.append(BIG_MOVE * (old["stale"] != new["stale"]))  # a pair became worth probing
         moves += [abs(new["fills"][k] - v) / 0.1 for k, v in old["fills"].items()]
         moves += [abs(new["costs"][k] - v) / (COST_TOLERANCE * max(abs(v), 1e-9))
                   for k, v in old["costs"].items() if k != "overhead"]
@@ -298,25 +357,46 @@ class Router:
         # A small move waits until PLAN_EVERY cycles have passed since the last plan: the
         # per-request estimates and the cost EMAs cross one tolerance most cycles, and a plan
         # costs ~2 ms of Python, ~2.5% of a CPU token. A large move re-plans at once.
-        if move < 1 or (move < BIG_MOVE and self._cycle - self._planned_at < PLAN_EVERY):
+        # After a probe its observations are what the next choice needs: re-plan at once.
+        probed = self._probe is not None
+        if not probed and (move < 1 or (move < BIG_MOVE and self._cycle - self._planned_at < PLAN_EVERY)):
             return
         self._planned_at = self._cycle
         self._plan_inputs = inputs
         self.replans += 1
-        self._plan = {**inputs, "cost": functools.lru_cache(maxsize=None)(self._batch_cost), "memo": {}, "memo_opt": {}}
         r = room if room <= max(self.grid) else None
         full = self.replans % FULL_SEARCH_EVERY == 1 or r is not None
-        previous, previous_opt = self._best, self._optimistic
+        self._plan = {**inputs, "cost": functools.lru_cache(maxsize=None)(self._batch_cost), "memo": {},
+                      "r": r, "full": full}
+        self._previous_by_class = {**self._previous_by_class, **self._by_class}
+        self._by_class = {}
+        self._best, self._optimistic = self._plans([c for c in self.chains if NGRAM_NAME not in c], None,
+                                                   (self._best, self._optimistic))
+
+    def _plans(self, chains: list[tuple[str, ...]], cls: str | None, previous: tuple[dict, dict]) -> tuple[dict, dict]:
+        """Best draft lengths per chain, and optimistic ones for chains with a barely observed pair."""
+        r, full = self._plan["r"], self._plan["full"]
 
         def start(plans, names):
             return None if full or names not in plans else plans[names].spec.draft_lengths
 
-        self._best = {names: self._best_lengths(names, False, r, start(previous, names)) for names in self.chains}
-        self._optimistic = {}
-        for names in self.chains:
-            pairs = list(zip(names, names[1:]))
-            if pairs and any(self.acceptance.count(j, i) < CONFIDENT for j, i in pairs):
-                self._optimistic[names] = self._best_lengths(names, True, r, start(previous_opt, names))
+        best = {names: self._best_lengths(names, False, r, start(previous[0], names), cls) for names in chains}
+        optimistic = {}
+        for names in chains:
+            pairs = [(self._key(j, cls), i) for j, i in zip(names, names[1:])]
+            if pairs and any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in self._plan["stale"]
+                             for j, i in pairs):
+                optimistic[names] = self._best_lengths(names, True, r, start(previous[1], names), cls)
+        return best, optimistic
+
+    def _class_plans(self, cls: str) -> tuple[dict, dict]:
+        """The n-gram chains' plans for a match class: made when a cycle first needs them after
+        a re-plan (one class per cycle, so at most one more search per cycle)."""
+        plans = self._by_class.get(cls)
+        if plans is None:
+            chains = [c for c in self.chains if NGRAM_NAME in c]
+            plans = self._by_class[cls] = self._plans(chains, cls, self._previous_by_class.get(cls, ({}, {})))
+        return plans
 
     def _batch_cost(self, name: str, n: float) -> float:
         """What one forward of this sequence's n tokens costs the batch it runs in. The
@@ -353,24 +433,31 @@ class Router:
         cached = cached or {}
         self._reset_cycle()
         if self.ngram is not None and context is not None:
-            self._ngram_x = self.ngram.propose(context, max(self.grid))
+            x, size = self.ngram.lookup(context, max(self.grid))
+            if x:
+                self._ngram_x, self._ngram_key = x, ngram_key(size)
         self._cycle += 1
         self._refresh(room)
-        r = room if room <= max(self.grid) else None
-        ranked = sorted((self._score(s, position, room, cached) for s in self._best.values()), key=lambda s: s.score)
+        best_plans, optimistic = self._best, self._optimistic
+        if self._ngram_key is not None:  # without a match the n-gram chains are their families' others
+            by_class = self._class_plans(self._ngram_key)
+            best_plans, optimistic = {**best_plans, **by_class[0]}, {**optimistic, **by_class[1]}
+        ranked = sorted((self._score(s, position, room, cached) for s in best_plans.values()), key=lambda s: s.score)
         best = ranked[0]
         reason = "start"
         chosen = best
-        if self.current is not None:
-            current = self._score(Scored(self.current, self._predict(self.current, room=r)), position, room, cached)
-            if best.spec != self.current and best.score < (1 - self.hysteresis) * current.score:
+        current = self._current_family(ranked, position, room, cached)
+        if current is not None:
+            if best.spec != current.spec and best.score < (1 - self.hysteresis) * current.score:
                 reason = "switch"
             else:
                 chosen, reason = current, "keep"
+        elif self.current is not None:
+            reason = "switch"
         # No probe while the target catches up (the first cycle prefills the prompt): that
         # time is everyone's, and a probe's cost is measured as its cycle's excess.
         target_ready = cached.get(self.target.name, 0) >= position - 1
-        probe = self._pick_probe(chosen, position, room, cached) if target_ready else None
+        probe = self._pick_probe(chosen, optimistic, position, room, cached) if target_ready else None
         if probe is not None:
             self._probe = (probe.spec, chosen.prediction.seconds_per_token)
             self._record(probe.spec, "probe", position, ranked, probe)
@@ -381,18 +468,36 @@ class Router:
         self.current = chosen.spec
         return self.chain_for(chosen.spec)
 
-    def _pick_probe(self, chosen: Scored, position: int, room: int, cached: Mapping[str, int]) -> Scored | None:
+    def _current_family(self, ranked: list[Scored], position: int, room: int,
+                        cached: Mapping[str, int]) -> Scored | None:
+        """What keeping the current chain means this cycle: the chain itself at its draft
+        lengths (lengths too change only past the hysteresis), or the other member of its
+        family (with or without the n-gram level, at planned lengths) when that is better
+        or the current one cannot run (an n-gram chain in a cycle without a match)."""
+        if self.current is None:
+            return None
+        family = _family(self.current.names)
+        options = [s for s in ranked if _family(s.spec.names) == family and s.spec.names != self.current.names]
+        if NGRAM_NAME not in self.current.names or self._ngram_key is not None:
+            r = room if room <= max(self.grid) else None
+            prediction = self._predict(self.current, room=r, cls=self._ngram_key)
+            options.append(self._score(Scored(self.current, prediction), position, room, cached))
+        return min(options, key=lambda s: s.score) if options else None
+
+    def _pick_probe(self, chosen: Scored, optimistic: dict, position: int, room: int,
+                    cached: Mapping[str, int]) -> Scored | None:
         best_rate = chosen.prediction.seconds_per_token
         # Remaining time counted over at most HORIZON tokens: a request may end (EOS) long before max_tokens.
         budget = self.explore_fraction * (self.elapsed + min(room, HORIZON) * best_rate) - self.probe_spent
         options = []
-        for names, opt in self._optimistic.items():
+        cls = self._ngram_key
+        for names, opt in optimistic.items():
             if names == chosen.spec.names:
                 continue
             scored = self._score(opt, position, room, cached)
             if scored.score >= (1 - self.hysteresis) * chosen.score:
                 continue  # even optimism does not beat the current choice: nothing to learn
-            real = self._predict(opt.spec, room=room if room <= max(self.grid) else None)
+            real = self._predict(opt.spec, room=room if room <= max(self.grid) else None, cls=cls)
             extra = max(0.0, real.cycle_seconds - real.tokens_per_cycle * best_rate) + scored.catch_up
             if extra <= budget:
                 options.append((scored.score, extra, scored))
@@ -403,10 +508,12 @@ class Router:
             return
         shown = ranked[:8] + ([probe] if probe is not None else [])
         names = sorted({n for s in shown for n in s.spec.names}, key=self.names.index)
+        keys = [self._key(n, self._ngram_key) for n in names]
         pairs = {f"{j}->{i}": {"rate": round(self._rate(j, i), 3), "count": round(self.acceptance.count(j, i), 1)}
-                 for j, i in itertools.combinations(names, 2)}
+                 for j, i in itertools.combinations(keys, 2)}
         costs = {n: {str(k): round(self.costs.seconds(n, k) * 1e3, 3) for k in (1, 2, 4, 8)} for n in names if n != NGRAM_NAME}
         inputs = {"acceptance": pairs, "cost_ms": costs, "mode": self.acceptance.mode,
+                  "ngram_match": self._ngram_key,
                   "overhead_ms_per_forward": round(self.costs.overhead_per_forward * 1e3, 3),
                   "probe_budget_used_ms": round(self.probe_spent * 1e3, 3)}
         self.decisions.append(Decision(self._cycle, position, spec, reason, shown, inputs))
@@ -420,7 +527,13 @@ class Router:
             self._fwd_count += 1
 
     def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int) -> None:
-        self.acceptance.observe(proposer, verifier, proposals, q, p, requested)
+        key = proposer
+        if proposer == NGRAM_NAME:
+            # A block it found nothing for ends like a rejection: the cycle's class pays (its fill).
+            size = self.ngram.last_size if self.ngram is not None else 0
+            key = ngram_key(size) if size else self._ngram_key
+        if key is not None:
+            self.acceptance.observe(key, verifier, proposals, q, p, requested)
         # Row 0 of each level's first call in a cycle is its distribution at the cycle's
         # context: the same context for all levels, so non-adjacent pairs are observed for free.
         if proposer != NGRAM_NAME and proposer not in self._first_row and q:
@@ -442,7 +555,7 @@ class Router:
             scores.append(pair_score(x[i], None, p[i], greedy))
             if i >= len(proposals) or proposals[i] != x[i]:
                 break
-        self.acceptance.observe_scores(NGRAM_NAME, verifier, scores or [0.0])
+        self.acceptance.observe_scores(self._ngram_key, verifier, scores or [0.0])
         self._ngram_scored.add(verifier)
 
     def _shadow_ngram_on_output(self, new_tokens: Sequence[int]) -> None:
@@ -455,7 +568,7 @@ class Router:
             scores.append(1.0 if x[i] == new_tokens[i] else 0.0)
             if not scores[-1]:
                 break
-        self.acceptance.observe_scores(NGRAM_NAME, self.target.name, scores or [0.0])
+        self.acceptance.observe_scores(self._ngram_key, self.target.name, scores or [0.0])
 
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
         """After a cycle: what the target emitted and how long the cycle took."""

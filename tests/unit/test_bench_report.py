@@ -6,8 +6,9 @@ import pytest
 
 from benchmarks.plots import write_plots
 from benchmarks.report import markdown
-from benchmarks.summary import (error_table, fit_acceptance, pair_inputs, predictor_errors, ratio_table,
-                                summarise)
+from benchmarks.chains import run_order
+from benchmarks.summary import (baseline_drift, baseline_speeds, error_table, fit_acceptance, pair_inputs,
+                                predictor_errors, ratio_table, ratio_to_baseline, summarise)
 from benchmarks.sweep import best_lengths
 from specrouter.router.predictor import expected_tokens
 
@@ -130,5 +131,53 @@ def test_report_names_each_miss_and_the_noise_of_target_only_auto_runs(tmp_path)
 
     text = _ratios(result)
     assert "`auto` is under 0.97x on 1 of 4 datasets and modes: gsm8k, greedy 0.882." in text
-    assert ("Control: 12 auto runs never left the target alone (the baseline's work, run again); their ratio to "
-            "the baseline has median 0.980 and ranges 0.882-0.980 (middle 80%: 0.882-0.980)") in text
+    assert ("Control: 12 auto runs never left the target alone; their ratio to the baseline: median 0.980, "
+            "range 0.882-0.980 (middle 80%: 0.882-0.980).") in text
+    assert "Noise:" not in text  # one target-alone run per prompt: no drift to report
+
+
+def test_the_target_alone_run_twice_is_pooled_and_its_drift_reported():
+    runs = _runs()
+    # A second target-alone run per prompt and mode, 20% slower than the first (8 s vs 10 s
+    # of the same work): the baseline is total tokens over total seconds, not a mean of speeds.
+    runs += [{**r, "tokens_per_second": r["tokens_per_second"] * 0.8, "seconds": r["seconds"] / 0.8}
+             for r in _runs() if r["method"] == "target alone"]
+    base = baseline_speeds(runs)
+    assert base[("humaneval", "humaneval/0", "greedy")] == pytest.approx(64 / (3.2 + 4.0))
+    assert baseline_drift(runs) == pytest.approx([0.8] * 12)
+    auto = next(r for r in runs if r["method"] == "auto")
+    assert ratio_to_baseline(auto, base) == pytest.approx(9.8 / (64 / 7.2))
+    from benchmarks.report import _ratios
+
+    result = {"runs": runs, "ratios": ratio_table(summarise(runs)), "methods": {"target alone": {"chain": [TARGET]}}}
+    assert ("Noise: the target alone's last run over its first on the same prompt: median 0.800, range "
+            "0.800-0.800") in _ratios(result)
+
+
+def test_run_order_puts_the_target_alone_first_and_last_and_rotates_the_rest():
+    methods = ["target alone", "a", "b", "auto"]
+    orders = [run_order(methods, turn) for turn in range(6)]
+    assert orders[0] == ["target alone", "a", "b", "auto", "target alone"]
+    assert orders[1] == ["target alone", "b", "auto", "a", "target alone"]
+    assert orders[3] == orders[0]
+    # Over a full rotation every method takes every place between the two baseline runs.
+    assert {o.index("auto") for o in orders[:3]} == {1, 2, 3}
+
+
+def test_scaled_predictor_error_uses_the_target_alones_speed_on_that_prompt():
+    pair = [{"proposed": 20, "accepted": 10, "requested": 20, "blocks": 10}]
+    runs = [_fixed("target alone", "gsm8k", "p", "greedy", 10.0, [TARGET], [], [], []),
+            _fixed("0.5b -> 1.5b", "gsm8k", "p", "greedy", 12.0, ["small", TARGET], [2], pair, [1.0])]
+
+    def cost(name, n):
+        return 0.1 * n if name == TARGET else 0.01 * n
+
+    errors = {e["method"]: e for e in predictor_errors(runs, cost)}
+    # The target alone: 84.375 ms measured per token, 100 predicted -> the machine ran at 0.84375.
+    factor = 84.375 / 100
+    chain = errors["0.5b -> 1.5b"]
+    assert chain["machine_factor"] == pytest.approx(factor, abs=1e-4)
+    expected = abs(chain["predicted_ms"] * factor - chain["measured_ms"]) / chain["measured_ms"]
+    assert chain["scaled_relative_error"] == pytest.approx(expected, abs=1e-3)
+    assert "scaled_relative_error" not in errors["target alone"]
+    assert error_table(list(errors.values()))["target alone"]["median_scaled_relative_error"] is None

@@ -33,3 +33,25 @@ def test_the_report_of_a_resumed_run_names_each_part(tmp_path):
     # A result written before parts existed renders as before.
     tt.write_report(saved, tmp_path)
     assert "Resumed" not in (tmp_path / f"{tt._stem(saved)}.md").read_text()
+
+
+def test_auto_against_the_best_static_chain_is_judged_per_prompt():
+    # Prompt a: auto 10% faster than the best static chain; b and c: 5% slower. Its median
+    # ms/token over prompts is the lowest (the prompts differ in speed), yet paired per prompt
+    # it loses: the verdict follows the pairs.
+    ms = {"a": {tt.AUTO: 90.0, "0.5B q4 -> 1.5B fp32": 100.0},
+          "b": {tt.AUTO: 210.0, "0.5B q4 -> 1.5B fp32": 200.0},
+          "c": {tt.AUTO: 84.0, "0.5B q4 -> 1.5B fp32": 80.0}}
+    runs = []
+    for prompt, by_method in ms.items():
+        base = by_method["0.5B q4 -> 1.5B fp32"]
+        for method in METHODS:
+            runs.append({"dataset": "gsm8k", "prompt": prompt, "method": method, "identical": True,
+                         "ms_per_token": by_method.get(method, base * 1.5)})
+        runs += [{"dataset": "gsm8k", "prompt": prompt, "method": f"oracle k={k}", "ms_per_token": 50.0}
+                 for k in tt.ORACLE_KS]
+    v = tt.verdicts(tt.summarise(runs), runs)
+    assert v["best_static_chain"] == "0.5B q4 -> 1.5B fp32"
+    assert v["auto_vs_best_static_ms"] == [90.0, 100.0]
+    assert v["auto_vs_best_static_speedup_median"] == round(80 / 84, 3)
+    assert v["auto_beats_best_static"] is False

@@ -7,7 +7,7 @@ from specrouter.backends.ngram import NgramDrafter
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
-from specrouter.router.acceptance import AcceptanceEstimator, pair_score, position_scores
+from specrouter.router.acceptance import BLOCK_WEIGHT, AcceptanceEstimator, pair_score, position_scores
 from specrouter.router.predictor import ChainSpec, closed_form_two_level, expected_tokens, predict
 
 from .router_synth import PROMPT, ScriptedRouter, family, simulated_clock
@@ -110,7 +110,10 @@ def test_acceptance_estimates_shrink_per_request_toward_global_and_use_triangle_
     est.start_request(greedy=True)  # a new request starts from the global estimate ...
     assert est.rate("b", "c") == pytest.approx(0.75)
     est.observe("b", "c", [1] * 16, [1] * 16, [0] * 17, requested=16)  # ... and moves to its own data
-    assert est.rate("b", "c") == pytest.approx(0.5 * 0.0 + 0.5 * est.global_[("greedy", "b", "c")].mean)
+    # One block's 16 positions are not 16 independent observations: they weigh BLOCK_WEIGHT.
+    assert est.request[("b", "c")].count == pytest.approx(BLOCK_WEIGHT)
+    w = BLOCK_WEIGHT / (BLOCK_WEIGHT + 16)
+    assert est.rate("b", "c") == pytest.approx(w * 0.0 + (1 - w) * est.global_[("greedy", "b", "c")].mean)
     # An n-gram that found nothing counts one rejection at the first missing position.
     est.observe("ngram", "c", [], None, [1], requested=4)
     assert est.rate("ngram", "c") == 0.0 and est.fill("ngram", "c") == 0.0
