@@ -25,26 +25,27 @@ def _key(run: dict) -> tuple:
     return run["dataset"], run["prompt"], run["mode"]
 
 
-def baseline_speeds(runs: list[dict]) -> dict[tuple, float]:
-    """The target alone's tokens/s per (dataset, prompt, mode): its runs there (first and
-    last of the prompt's turn) pooled, total tokens over total seconds."""
-    pooled: dict[tuple, list[float]] = {}
+def _baseline_runs(runs: list[dict]) -> dict[tuple, list[dict]]:
+    """The target alone's runs per (dataset, prompt, mode), in run order (first and last of
+    the prompt's turn)."""
+    grouped: dict[tuple, list[dict]] = {}
     for r in runs:
         if r["method"] == BASELINE:
-            total = pooled.setdefault(_key(r), [0.0, 0.0])
-            total[0] += r["tokens"]
-            total[1] += r["seconds"]
-    return {k: tokens / seconds for k, (tokens, seconds) in pooled.items()}
+            grouped.setdefault(_key(r), []).append(r)
+    return grouped
+
+
+def baseline_speeds(runs: list[dict]) -> dict[tuple, float]:
+    """The target alone's tokens/s per (dataset, prompt, mode): its runs there pooled, total
+    tokens over total seconds."""
+    return {k: sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs) for k, rs in _baseline_runs(runs).items()}
 
 
 def baseline_drift(runs: list[dict]) -> list[float]:
     """Per (dataset, prompt, mode) with two target-alone runs: the second's tokens/s over
     the first's. The same work twice, minutes apart: the noise floor of any ratio here."""
-    speeds: dict[tuple, list[float]] = {}
-    for r in runs:
-        if r["method"] == BASELINE:
-            speeds.setdefault(_key(r), []).append(r["tokens_per_second"])
-    return [s[-1] / s[0] for s in speeds.values() if len(s) >= 2]
+    return [rs[-1]["tokens_per_second"] / rs[0]["tokens_per_second"]
+            for rs in _baseline_runs(runs).values() if len(rs) >= 2]
 
 
 def ratio_to_baseline(run: dict, baseline: dict[tuple, float]) -> float:
@@ -137,13 +138,13 @@ def machine_factors(runs: list[dict], cost: Callable[[str, float], float]) -> di
     """Per (dataset, prompt, mode): the target alone's measured decode time per token over
     its predicted one (its runs there pooled). The profile is measured on an idle machine
     at a short context; this is how much slower the machine ran beside those runs."""
-    pooled: dict[tuple, list[float]] = {}
-    for r in runs:
-        if r["method"] == BASELINE and "pairs" in r and r["tokens"]:
-            total = pooled.setdefault(_key(r), [0.0, 0.0])
-            total[0] += measured_seconds_per_token(r)
-            total[1] += predicted_seconds_per_token(r, cost)
-    return {k: measured / predicted for k, (measured, predicted) in pooled.items() if predicted > 0}
+    factors = {}
+    for k, rs in _baseline_runs(runs).items():
+        rs = [r for r in rs if "pairs" in r and r["tokens"]]
+        predicted = sum(predicted_seconds_per_token(r, cost) for r in rs)
+        if predicted > 0:
+            factors[k] = sum(measured_seconds_per_token(r) for r in rs) / predicted
+    return factors
 
 
 def predictor_errors(runs: list[dict], cost: Callable[[str, float], float]) -> list[dict]:
