@@ -1,22 +1,26 @@
 """Online acceptance estimates per ordered pair (proposer, verifier).
 
 What is estimated is the per-position acceptance rate `a` of the predictor's i.i.d.
-model, from the two distributions at every verified position, not from the 0/1
-accept decisions: the expectation has far less variance than the coin flips.
+model, from the two distributions at every verified position the block reached, not
+from the 0/1 accept decisions: the expectation has far less variance than the coin flips.
 - sampling, model proposer: sum_x min(p(x), q(x)) = 1 - TV(p, q) (reference notes);
 - sampling, deterministic proposer (n-gram, q one-hot at x): p(x);
 - greedy: 1 if the proposal is the verifier's argmax, else 0.
-Every position the verifier computed a row for counts, also those after the first
-rejection: their contexts are valid (proposer's and verifier's rows at the same
-context), and they multiply the data per cycle. They are not independent, though (one
-block follows one stretch of text, and after a disagreement the draft continues its own
-wording), so a block weighs at most BLOCK_WEIGHT positions in the counts and EMAs: with
-drafts of 16 (an fp32 target on a CPU) one bad block would otherwise outweigh the
-global prior twice over and move the global estimate by a sixth (seen on a GSM8K prompt:
-3 cycles of the 0.5B draft, then 100 of the target alone, where the fixed chain made 6.7
-tokens a cycle). A proposer that returned fewer tokens
-than asked (the n-gram finding nothing) scores one 0 at the first missing position:
-for the block it ends exactly like a rejection there, and only the first one matters.
+A block is scored up to its first rejection (the accepted positions and the rejected
+one), not beyond: the predictor's `a` is the chance of going on from a position that
+was reached, and the positions after a disagreement answer another question, how
+often the draft's own continuation of a wording the verifier did not take agrees
+with it. They agree far less (measured: a q4 0.5B under the fp32 1.5B scored 0.71-0.84
+over all positions, while its 16-token blocks kept 8.2 tokens, which an i.i.d. rate
+of 0.91 gives and 0.8 halves), so scoring them made long drafts look twice as bad as
+they are. Under greedy the scores of a block are 1, ..., 1, 0: their mean over blocks
+is accepted / (accepted + rejections), the maximum-likelihood rate of the i.i.d. model
+(the benchmark fits its predictor-error table the same way, from tokens per block).
+Every reached position weighs one: a bad block is short by construction, so no cap
+per block is needed, and one would bias the rate low (long accepted runs would count
+less than the rejections that end short blocks). A proposer that returned fewer tokens
+than asked (the n-gram finding nothing) scores one 0 at the first missing position,
+when all it gave was accepted: for the block it ends exactly like a rejection there.
 
 Per-request estimates shrink toward the global ones by count, n / (n + SHRINK): a new
 request starts from what earlier requests saw and moves to its own data (code and chat
@@ -29,8 +33,9 @@ chain after a few bad blocks never observes that pair again, so without more a s
 unlucky stretch would keep the chain out for the rest of the request (seen: a q4 draft
 under an fp32 target left after 5 cycles, 100 cycles of target alone followed, though
 the chain paid on that prompt). So its weight is discounted by the text generated
-since it was last observed, halving every STALE_HALF_LIFE committed tokens (the
-discounting of non-stationary bandits): the estimate drifts back to the global one, the
+since it was last observed, halving every STALE_HALF_LIFE committed tokens, twice as
+many after each return that found the pair still below the global estimate (the
+discounting of non-stationary bandits, with backoff): the estimate drifts back to the global one, the
 scheduler tries the chain again once that predicts a gain (with its hysteresis), or
 probes it earlier at the global estimate (stale_low: after STRETCH tokens, with a wait
 that doubles at every return that finds the pair still below it). The discount is kept
@@ -76,8 +81,6 @@ STALE_HALF_LIFE = 32.0
 #: Committed tokens without observations after which a pair left for a bad stretch may
 #: be probed again at the global estimate (the scheduler's exploration).
 STRETCH = 8
-#: What one block's scores weigh at most, in positions (see the module docstring).
-BLOCK_WEIGHT = 4.0
 
 
 @dataclass
@@ -85,9 +88,11 @@ class Estimate:
     """EMA that starts as the plain mean (step 1/n until it reaches alpha).
 
     With `detect`, a change is followed at once: when the mean of the last WINDOW scores
-    departs from the EMA by more than 3 standard errors (variance tracked slowly, so a
-    change does not hide itself), the EMA restarts from that window. A draft that stops
-    agreeing with its verifier (other text, another model) is seen in a few cycles."""
+    departs by more than 3 standard errors from the EMA as it stood before them (not as it
+    stands after, which they already pulled toward themselves: a drop from 0.7 to 0 was
+    never detected that way, one score a cycle), the EMA restarts from that window. The
+    variance is tracked slowly, so a change does not hide itself. A draft that stops
+    agreeing with its verifier (other text, another model) is seen in WINDOW scores."""
 
     mean: float = 0.0
     count: float = 0.0
@@ -97,20 +102,24 @@ class Estimate:
     returns: int = 0  # times observed again after sitting out while below the global estimate
 
     def weight_at(self, position: float) -> float:
-        """The count discounted by the tokens committed since the last update."""
-        return self.count * 0.5 ** (max(0.0, position - self.seen_at) / STALE_HALF_LIFE)
+        """The count discounted by the tokens committed since the last update; the half-life
+        doubles with every return that found the pair still below the global estimate,
+        like the probes' wait (stale_low), so a pair that keeps disagreeing ages ever slower."""
+        half_life = STALE_HALF_LIFE * 2**self.returns
+        return self.count * 0.5 ** (max(0.0, position - self.seen_at) / half_life)
 
-    def update(self, x: float, alpha: float, detect: bool = False, weight: float = 1.0) -> None:
-        """One observation worth `weight` independent ones (<= 1)."""
-        self.count += weight
-        step = max(weight / self.count, alpha * weight)
-        self.var += max(weight / self.count, VAR_ALPHA * weight) * ((x - self.mean) ** 2 - self.var)
+    def update(self, x: float, alpha: float, detect: bool = False) -> None:
+        before = self.mean
+        self.count += 1
+        step = max(1 / self.count, alpha)
+        self.var += max(1 / self.count, VAR_ALPHA) * ((x - self.mean) ** 2 - self.var)
         self.mean += step * (x - self.mean)
         if detect:
-            self.recent.append(x)
+            self.recent.append((x, before))
             if len(self.recent) == WINDOW:
-                window = sum(self.recent) / WINDOW
-                if abs(window - self.mean) > max(MIN_JUMP, 3.0 * math.sqrt(self.var / WINDOW)):
+                window = sum(score for score, _ in self.recent) / WINDOW
+                reference = self.recent[0][1]  # the EMA before the window's first score
+                if abs(window - reference) > max(MIN_JUMP, 3.0 * math.sqrt(self.var / WINDOW)):
                     self.mean = window
                     self.recent.clear()
 
@@ -125,9 +134,12 @@ def pair_score(proposal: int, q_row, p_row, greedy: bool) -> float:
     return float(np.minimum(p_row[:n], q_row[:n]).sum())
 
 
-def position_scores(proposals: Sequence[int], q, p, greedy: bool, requested: int) -> list[float]:
-    scores = [pair_score(x, None if q is None else q[i], p[i], greedy) for i, x in enumerate(proposals)]
-    if len(proposals) < requested:
+def position_scores(proposals: Sequence[int], q, p, greedy: bool, requested: int, n_accepted: int) -> list[float]:
+    """Scores of the positions a block reached: its n_accepted accepted proposals and the
+    rejected one after them, if any (see the module docstring)."""
+    reached = proposals[: n_accepted + 1]
+    scores = [pair_score(x, None if q is None else q[i], p[i], greedy) for i, x in enumerate(reached)]
+    if n_accepted >= len(proposals) and len(proposals) < requested:
         scores.append(0.0)  # ran out of proposals: ends the block like a rejection
     return scores
 
@@ -159,9 +171,11 @@ class AcceptanceEstimator:
         self.position += committed
 
     # Observations ----------------------------------------------------------------
-    def observe(self, proposer: str, verifier: str, proposals, q, p, requested: int) -> None:
+    def observe(self, proposer: str, verifier: str, proposals, q, p, requested: int, n_accepted: int) -> None:
+        """One block: `proposals` (of `requested`) checked against the verifier's rows p, of
+        which the first n_accepted were accepted."""
         greedy = self.mode == "greedy"
-        self.observe_scores(proposer, verifier, position_scores(proposals, q, p, greedy, requested))
+        self.observe_scores(proposer, verifier, position_scores(proposals, q, p, greedy, requested, n_accepted))
         if requested > 0:
             self.fill_.setdefault((proposer, verifier), Estimate()).update(
                 min(len(proposals), requested) / requested, ALPHA_REQUEST)
@@ -176,10 +190,9 @@ class AcceptanceEstimator:
             r.count = r.weight_at(self.position)
             r.returns += 1
         r.seen_at = self.position
-        weight = min(1.0, BLOCK_WEIGHT / len(scores)) if scores else 1.0
         for s in scores:
-            g.update(s, ALPHA_GLOBAL, weight=weight)
-            r.update(s, ALPHA_REQUEST, detect=True, weight=weight)
+            g.update(s, ALPHA_GLOBAL)
+            r.update(s, ALPHA_REQUEST, detect=True)
         if r.mean >= g.mean:
             r.returns = 0
 

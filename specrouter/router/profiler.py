@@ -119,18 +119,19 @@ def profile_model(
         backend.decode(seq, prefix, 0, 1)
         backend.decode(seq, filler[:4], len(prefix), 4)  # warm-up: first calls allocate buffers
         backend.remove(seq, len(prefix))
-        table = {}
-        for n in ns:
-            times = []
-            for _ in range(repeats):
+        # Round-robin over the sizes, not all repeats of one size in a row: a slow stretch
+        # of the machine (seen: +30% for tens of seconds) then costs each size one sample,
+        # which the median drops, instead of bending the curve at the sizes it fell on.
+        times: dict[int, list[float]] = {n: [] for n in ns}
+        for _ in range(repeats):
+            for n in ns:
                 start = clock()
                 backend.decode(seq, filler[:n], len(prefix), n)
-                times.append(clock() - start)
+                times[n].append(clock() - start)
                 backend.remove(seq, len(prefix))
                 if bar is not None:
                     bar.update(1)
-            table[n] = statistics.median(times)
-        return table
+        return {n: statistics.median(t) for n, t in times.items()}
     finally:
         backend.free_sequence(seq)
 

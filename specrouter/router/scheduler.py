@@ -533,7 +533,7 @@ class Router:
             size = self.ngram.last_size if self.ngram is not None else 0
             key = ngram_key(size) if size else self._ngram_key
         if key is not None:
-            self.acceptance.observe(key, verifier, proposals, q, p, requested)
+            self.acceptance.observe(key, verifier, proposals, q, p, requested, n_accepted)
         # Row 0 of each level's first call in a cycle is its distribution at the cycle's
         # context: the same context for all levels, so non-adjacent pairs are observed for free.
         if proposer != NGRAM_NAME and proposer not in self._first_row and q:

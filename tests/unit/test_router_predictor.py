@@ -7,7 +7,7 @@ from specrouter.backends.ngram import NgramDrafter
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
-from specrouter.router.acceptance import BLOCK_WEIGHT, AcceptanceEstimator, pair_score, position_scores
+from specrouter.router.acceptance import AcceptanceEstimator, pair_score, position_scores
 from specrouter.router.predictor import ChainSpec, closed_form_two_level, expected_tokens, predict
 
 from .router_synth import PROMPT, ScriptedRouter, family, simulated_clock
@@ -58,7 +58,7 @@ class _Observer(ScriptedRouter):
 
     def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested):
         pair = (proposer, verifier)
-        self.scores.setdefault(pair, []).extend(position_scores(proposals, q, p, self.greedy, requested))
+        self.scores.setdefault(pair, []).extend(position_scores(proposals, q, p, self.greedy, requested, n_accepted))
         self.fills.setdefault(pair, []).append(len(proposals) / requested)
 
     def rate(self, proposer, verifier):
@@ -103,17 +103,37 @@ def test_acceptance_estimates_shrink_per_request_toward_global_and_use_triangle_
     est = AcceptanceEstimator(default=0.4, shrink=16)
     est.start_request(greedy=True)
     assert est.rate("a", "c") == 0.4  # nothing known: the default prior
-    est.observe("a", "b", [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1, 1], requested=4)
-    est.observe("b", "c", [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 1, 1], requested=4)
-    assert est.rate("a", "b") == 1.0 and est.rate("b", "c") == pytest.approx(0.75)
-    assert est.prior("a", "c", ["a", "b", "c"]) == pytest.approx(0.75)  # a_ac >= a_ab + a_bc - 1
+    est.observe("a", "b", [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1, 1], requested=4, n_accepted=4)
+    # Greedy rows are argmaxes: position 2 rejects; positions 3 and 4 are not scored.
+    est.observe("b", "c", [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 1, 1], requested=4, n_accepted=2)
+    assert est.rate("a", "b") == 1.0 and est.rate("b", "c") == pytest.approx(2 / 3)
+    assert est.prior("a", "c", ["a", "b", "c"]) == pytest.approx(2 / 3)  # a_ac >= a_ab + a_bc - 1
     est.start_request(greedy=True)  # a new request starts from the global estimate ...
-    assert est.rate("b", "c") == pytest.approx(0.75)
-    est.observe("b", "c", [1] * 16, [1] * 16, [0] * 17, requested=16)  # ... and moves to its own data
-    # One block's 16 positions are not 16 independent observations: they weigh BLOCK_WEIGHT.
-    assert est.request[("b", "c")].count == pytest.approx(BLOCK_WEIGHT)
-    w = BLOCK_WEIGHT / (BLOCK_WEIGHT + 16)
+    assert est.rate("b", "c") == pytest.approx(2 / 3)
+    est.observe("b", "c", [1] * 16, [1] * 16, [0] * 17, requested=16, n_accepted=0)  # ... and moves to its own data
+    # A block rejected at its first position is one observation, not sixteen.
+    assert est.request[("b", "c")].count == 1
+    w = 1 / (1 + 16)
     assert est.rate("b", "c") == pytest.approx(w * 0.0 + (1 - w) * est.global_[("greedy", "b", "c")].mean)
     # An n-gram that found nothing counts one rejection at the first missing position.
-    est.observe("ngram", "c", [], None, [1], requested=4)
+    est.observe("ngram", "c", [], None, [1], requested=4, n_accepted=0)
     assert est.rate("ngram", "c") == 0.0 and est.fill("ngram", "c") == 0.0
+
+
+def test_blocks_are_scored_up_to_their_first_rejection():
+    """The rate is the chance of going on from a reached position: positions after a
+    rejection (the draft continuing a wording the verifier did not take) do not count,
+    so under greedy the estimate is accepted / (accepted + rejections), the i.i.d.
+    model's maximum-likelihood rate, whatever the draft's later tokens do."""
+    est = AcceptanceEstimator()
+    est.start_request(greedy=True)
+    est.observe("d", "t", [5] * 8, None, [5] * 9, requested=8, n_accepted=8)  # all 8 accepted
+    est.observe("d", "t", [5] * 8, None, [5, 5, 7, 7, 7, 7, 7, 7, 7], requested=8, n_accepted=2)
+    assert est.global_[("greedy", "d", "t")].mean == pytest.approx(10 / 11)
+    assert est.global_[("greedy", "d", "t")].count == 11
+    # An n-gram that gave 2 of 4 and had both accepted ends like a rejection at the third.
+    assert position_scores([3, 4], None, [3, 4, 9], True, requested=4, n_accepted=2) == [1.0, 1.0, 0.0]
+    # Sampling: 1 - TV at the reached positions only (here the accepted first and the rejected second).
+    p = np.array([[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]])
+    q = np.array([[0.5, 0.5], [0.1, 0.9], [0.5, 0.5]])
+    assert position_scores([0, 1, 0], q, p, False, requested=3, n_accepted=1) == pytest.approx([1.0, 0.2])
