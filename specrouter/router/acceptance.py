@@ -76,6 +76,8 @@ ALPHA_REQUEST = 0.1  # per position: ~10 positions (a few cycles) of memory
 ALPHA_GLOBAL = 0.01
 WINDOW, VAR_ALPHA, MIN_JUMP = 6, 0.02, 0.15  # change detection of per-request estimates
 PERSIST_CAP = 200.0  # a loaded global count is capped so new data can still move it
+#: Version of the saved estimates: 2 = blocks scored up to their first rejection.
+ESTIMATES_FORMAT = 2
 #: Committed tokens after which an unobserved per-request estimate weighs half as much.
 STALE_HALF_LIFE = 32.0
 #: Committed tokens without observations after which a pair left for a bad stretch may
@@ -246,7 +248,8 @@ class AcceptanceEstimator:
 
     # Persistence: global estimates survive the process, so the next request starts informed.
     def save(self, file: Path) -> None:
-        data = {"|".join(k): [e.mean, e.count] for k, e in self.global_.items() if e.count}
+        data = {"format": ESTIMATES_FORMAT,
+                "estimates": {"|".join(k): [e.mean, e.count] for k, e in self.global_.items() if e.count}}
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
             tmp = file.with_name(file.name + ".tmp")
@@ -258,9 +261,11 @@ class AcceptanceEstimator:
     def load(self, file: Path) -> None:
         try:
             data = json.loads(Path(file).read_text())
-            for key, (mean, count) in data.items():
+            if data.get("format") != ESTIMATES_FORMAT:
+                return  # scored another way (before: every position of a block): start from the priors
+            for key, (mean, count) in data["estimates"].items():
                 mode, proposer, verifier = key.split("|")
                 if 0.0 <= float(mean) <= 1.0 and float(count) > 0:
                     self.global_[(mode, proposer, verifier)] = Estimate(float(mean), min(float(count), PERSIST_CAP))
-        except (OSError, ValueError, TypeError, AttributeError):
+        except (OSError, ValueError, TypeError, AttributeError, KeyError):
             pass  # absent or damaged: start from the priors
