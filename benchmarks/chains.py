@@ -4,6 +4,11 @@ lengths, llama.cpp's own prompt-lookup speculation and `--chain auto`, in one ru
     python -m benchmarks.chains [--per-dataset 10] [--max-tokens 128]
                                 [--sweep-per-dataset 1] [--sweep-tokens 48]
     python -m benchmarks.chains --render results/router-DATE.json   # plots + markdown again
+    python -m benchmarks.chains --auto-only --per-dataset 4   # a quick check of auto's floor
+
+With --auto-only only the target alone and auto run (no sweep, no static chains): the
+check, after a change to the router, that auto still holds its floor against the target
+alone, in a quarter of an hour instead of an hour and a half.
 
 1. Forward costs: one decode over k tokens per model (what decides whether verifying pays).
 2. Sweep (benchmarks/sweep.py): each static method on a grid of draft lengths over a
@@ -137,7 +142,7 @@ def compare(methods: dict[str, Runner], prompts: list, pool: Pool, max_tokens: i
     return runs
 
 
-def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int) -> dict:
+def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, auto_only: bool = False) -> dict:
     started = time.perf_counter()
     phases = {}
     pool = Pool(n_ctx=4096, n_seq_max=1)
@@ -145,10 +150,11 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     prompts = load_prompts(target, per_dataset)
     costs = forward_costs(pool, (SMALL, TARGET))
     profile = load_or_profile([pool.level(SMALL), target])
-    native, native_error = open_native(target)
+    native, native_error = (None, "not run (--auto-only)") if auto_only else open_native(target)
     phases["setup"] = time.perf_counter() - started
 
-    factories = {m: (lambda ks, names=names: static_runner(pool, names, ks)) for m, names in STATIC.items()}
+    factories = {} if auto_only else {m: (lambda ks, names=names: static_runner(pool, names, ks))
+                                      for m, names in STATIC.items()}
     if native is not None:
         factories[NATIVE] = lambda ks: native_runner(native, ks[0], target.eos_ids)
     sweep_rows, best = sweep(factories, GRID, sweep_subset(prompts, sweep_per_dataset), sweep_tokens)
@@ -169,7 +175,7 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     summary = summarise(runs)
     return {
         "machine": machine_info(),
-        "settings": {"per_dataset": per_dataset, "max_tokens": max_tokens, "datasets": list(DATASETS),
+        "settings": {"auto_only": auto_only, "per_dataset": per_dataset, "max_tokens": max_tokens, "datasets": list(DATASETS),
                      "modes": list(MODES), "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
                      "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "native_n_ctx": NATIVE_CTX,
                      "n_threads": target.n_threads},
@@ -192,7 +198,8 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
 def write_report(result: dict, out: Path) -> None:
     """JSON first (the measurements survive a failing plot), then plots and markdown."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"router-{result['machine']['date'][:10]}"
+    kind = "router-auto" if result["settings"].get("auto_only") else "router"
+    stem = f"{kind}-{result['machine']['date'][:10]}"
     json_file = out / f"{stem}.json"
     json_file.write_text(json.dumps(result, indent=1, default=str))
     result["plots"] = write_plots(result, out, stem)
@@ -203,11 +210,13 @@ def write_report(result: dict, out: Path) -> None:
 
 
 def main() -> None:
-    args = benchmark_parser(__doc__, RESULTS).parse_args()
+    parser = benchmark_parser(__doc__, RESULTS)
+    parser.add_argument("--auto-only", action="store_true", help="only the target alone and auto (no sweep, no static chains)")
+    args = parser.parse_args()
     if args.render is not None:
         result = json.loads(args.render.read_text())
     else:
-        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens)
+        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.auto_only)
     write_report(result, args.out)
 
 

@@ -10,8 +10,12 @@ AUTO_FLOOR = 0.97  # what auto must reach against the target alone on every data
 
 
 def markdown(result: dict) -> str:
-    sections = [_header(result), _ratios(result), _details(result), _sweep(result),
-                _predictor(result), _forward(result), _plots(result), _notes(result)]
+    if result["settings"].get("auto_only"):  # no sweep and no fixed chain: no predictor table either
+        sections = [_header(result), _ratios(result), _details(result), _forward(result), _plots(result),
+                    _notes(result)]
+    else:
+        sections = [_header(result), _ratios(result), _details(result), _sweep(result),
+                    _predictor(result), _forward(result), _plots(result), _notes(result)]
     return "\n\n".join(sections) + "\n"
 
 
@@ -25,7 +29,8 @@ def _header(result: dict) -> str:
     m, s = result["machine"], result["settings"]
     total = sum(result["phase_seconds"].values()) / 60
     phases = ", ".join(f"{k} {v / 60:.1f}" for k, v in result["phase_seconds"].items())
-    return (f"# Router benchmark: static chains, llama.cpp prompt lookup and auto vs the target alone ({m['date']})\n\n"
+    compared = "auto only" if s.get("auto_only") else "static chains, llama.cpp prompt lookup and auto"
+    return (f"# Router benchmark: {compared} vs the target alone ({m['date']})\n\n"
             f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, llama-cpp-python {m['llama_cpp_python']}, "
             f"{s['n_threads']} threads. Command: `{m['command']}`. Run time {total:.1f} min ({phases}).\n\n"
             f"{s['per_dataset']} prompts each of {', '.join(s['datasets'])} (HumanEval as raw completion, GSM8K and "
@@ -96,9 +101,9 @@ def _details(result: dict) -> str:
     lengths = "; ".join(f"{m}: {v['draft_lengths']}" for m, v in result["methods"].items()
                         if m not in (BASELINE, "auto"))
     return ("## Per method, dataset and mode\n\n"
-            f"Draft lengths (from the sweep): {lengths}. \"accepted per block\": mean tokens the level above accepted "
-            "per verification block, per proposing level (bottom first). \"greedy output = target\": identical "
-            "over all generated tokens.\n\n"
+            + (f"Draft lengths (from the sweep): {lengths}. " if lengths else "")
+            + "\"accepted per block\": mean tokens the level above accepted per verification block, per "
+            "proposing level (bottom first). \"greedy output = target\": identical over all generated tokens.\n\n"
             + _table(["method", "dataset", "mode", "median tok/s", "median ratio to target", "accepted per block",
                       "greedy output = target", "chains run"], rows))
 
@@ -161,11 +166,17 @@ def _notes(result: dict) -> str:
               f"llama-cpp-python's prompt-lookup speculation could not run: {result['native_error']}.")
     main = ("the main comparison is not reduced." if s["per_dataset"] >= FULL_PER_DATASET else
             f"the main comparison too: {s['per_dataset']} prompts per dataset instead of {FULL_PER_DATASET}.")
+    if s.get("auto_only"):
+        scope = ("- Auto-only check (`--auto-only`): the target alone and auto, no sweep, no static chain, no "
+                 f"llama.cpp prompt lookup; {s['per_dataset']} prompts per dataset: a check of auto's floor, not the "
+                 "full comparison.\n")
+    else:
+        scope = (f"- {native}\n"
+                 f"- Reduced to fit the time budget: the sweep uses {s['sweep_per_dataset']} prompt(s) per dataset, "
+                 f"greedy only, {s['sweep_tokens']} new tokens, and a grid of {sum(len(g) for g in s['grid'].values())} "
+                 f"configurations (listed above); {main}\n")
     return ("## Notes\n\n"
-            f"- {native}\n"
-            f"- Reduced to fit the time budget: the sweep uses {s['sweep_per_dataset']} prompt(s) per dataset, "
-            f"greedy only, {s['sweep_tokens']} new tokens, and a grid of {sum(len(g) for g in s['grid'].values())} "
-            f"configurations (listed above); {main}\n"
+            + scope +
             "- Greedy divergences from the target come from llama.cpp evaluating a run of k tokens with other "
             "kernels than one token (near-ties of the top two logits flip); tests/real checks that they sit at "
             "near-ties, this benchmark does not.")

@@ -118,6 +118,29 @@ def test_markdown_and_plots(tmp_path):
     assert "![router-test-auto-chains.png](router-test-auto-chains.png)" in md
 
 
+def test_auto_only_report_has_no_sweep_and_no_predictor_table(tmp_path):
+    runs = [r for r in _runs() if r["method"] in ("target alone", "auto")]
+    summary = summarise(runs)
+    result = {
+        "machine": {"date": "2026-12-01 10:00 UTC", "cpu": "cpu", "cores": 2, "python": "3.11",
+                    "llama_cpp_python": "0.3.36", "command": "python -m benchmarks.chains --auto-only"},
+        "settings": {"auto_only": True, "per_dataset": 3, "max_tokens": 32, "datasets": ["humaneval", "gsm8k"],
+                     "modes": ["greedy", "T=0.7"], "sweep_per_dataset": 1, "sweep_tokens": 8, "grid": {},
+                     "native_n_ctx": 2048, "n_threads": 2},
+        "phase_seconds": {"setup": 10.0, "sweep": 0.0, "main": 30.0},
+        "methods": {"target alone": {"chain": [TARGET], "draft_lengths": []},
+                    "auto": {"chain": "auto", "draft_lengths": "chosen per cycle"}},
+        "native_error": "not run (--auto-only)", "sweep": [], "forward_ms": {TARGET: {1: 70.0}},
+        "runs": runs, "summary": summary, "ratios": ratio_table(summary),
+        "predictor_errors": [], "predictor_error_table": {},
+    }
+    result["plots"] = write_plots(result, tmp_path, "router-auto-test")
+    md = markdown(result)
+    assert md.startswith("# Router benchmark: auto only vs the target alone")
+    assert "## Draft-length sweep" not in md and "## Predictor error" not in md and "Draft lengths" not in md
+    assert "`auto` meets >= 0.97x" in md and "Auto-only check (`--auto-only`)" in md
+
+
 def test_report_names_each_miss_and_the_noise_of_target_only_auto_runs(tmp_path):
     runs = _runs()
     for r in runs:
