@@ -35,9 +35,9 @@ under an fp32 target left after 5 cycles, 100 cycles of target alone followed, t
 the chain paid on that prompt). So its weight is discounted by the text generated
 since it was last observed, halving every STALE_HALF_LIFE committed tokens, twice as
 many after each return that found the pair still below the global estimate (the
-discounting of non-stationary bandits, with backoff): the estimate drifts back to the global one, the
-scheduler tries the chain again once that predicts a gain (with its hysteresis), or
-probes it earlier at the global estimate (stale_low: after STRETCH tokens, with a wait
+discounting of non-stationary bandits, with backoff): the estimate drifts back to the
+global one, the scheduler tries the chain again once that predicts a gain (with its
+hysteresis), or probes it earlier at the global estimate (stale_low: after STRETCH tokens, with a wait
 that doubles at every return that finds the pair still below it). The discount is kept
 when a pair that sat out is observed again, so a probe's blocks outweigh the stretch
 that sent the pair out: one bad block of an fp32 target's 16-token drafts, then good
