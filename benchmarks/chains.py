@@ -175,7 +175,8 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     summary = summarise(runs)
     return {
         "machine": machine_info(),
-        "settings": {"auto_only": auto_only, "per_dataset": per_dataset, "max_tokens": max_tokens, "datasets": list(DATASETS),
+        "settings": {"auto_only": auto_only, "per_dataset": per_dataset, "max_tokens": max_tokens,
+                     "datasets": list(DATASETS),
                      "modes": list(MODES), "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
                      "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "native_n_ctx": NATIVE_CTX,
                      "n_threads": target.n_threads},

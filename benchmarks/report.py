@@ -10,12 +10,10 @@ AUTO_FLOOR = 0.97  # what auto must reach against the target alone on every data
 
 
 def markdown(result: dict) -> str:
-    if result["settings"].get("auto_only"):  # no sweep and no fixed chain: no predictor table either
-        sections = [_header(result), _ratios(result), _details(result), _forward(result), _plots(result),
-                    _notes(result)]
-    else:
-        sections = [_header(result), _ratios(result), _details(result), _sweep(result),
-                    _predictor(result), _forward(result), _plots(result), _notes(result)]
+    sections = [_header(result), _ratios(result), _details(result)]
+    if not result["settings"].get("auto_only"):  # auto-only: no sweep and no fixed chain to predict
+        sections += [_sweep(result), _predictor(result)]
+    sections += [_forward(result), _plots(result), _notes(result)]
     return "\n\n".join(sections) + "\n"
 
 
@@ -159,18 +157,18 @@ FULL_PER_DATASET = 10
 
 def _notes(result: dict) -> str:
     s = result["settings"]
-    native = ("llama-cpp-python's prompt-lookup speculation ran (high-level `Llama` with "
-              "`LlamaPromptLookupDecoding`, logits for every position as it requires, "
-              f"n_ctx {s['native_n_ctx']}); it stops at EOS like the engine."
-              if result["native_error"] is None else
-              f"llama-cpp-python's prompt-lookup speculation could not run: {result['native_error']}.")
-    main = ("the main comparison is not reduced." if s["per_dataset"] >= FULL_PER_DATASET else
-            f"the main comparison too: {s['per_dataset']} prompts per dataset instead of {FULL_PER_DATASET}.")
     if s.get("auto_only"):
         scope = ("- Auto-only check (`--auto-only`): the target alone and auto, no sweep, no static chain, no "
                  f"llama.cpp prompt lookup; {s['per_dataset']} prompts per dataset: a check of auto's floor, not the "
                  "full comparison.\n")
     else:
+        native = ("llama-cpp-python's prompt-lookup speculation ran (high-level `Llama` with "
+                  "`LlamaPromptLookupDecoding`, logits for every position as it requires, "
+                  f"n_ctx {s['native_n_ctx']}); it stops at EOS like the engine."
+                  if result["native_error"] is None else
+                  f"llama-cpp-python's prompt-lookup speculation could not run: {result['native_error']}.")
+        main = ("the main comparison is not reduced." if s["per_dataset"] >= FULL_PER_DATASET else
+                f"the main comparison too: {s['per_dataset']} prompts per dataset instead of {FULL_PER_DATASET}.")
         scope = (f"- {native}\n"
                  f"- Reduced to fit the time budget: the sweep uses {s['sweep_per_dataset']} prompt(s) per dataset, "
                  f"greedy only, {s['sweep_tokens']} new tokens, and a grid of {sum(len(g) for g in s['grid'].values())} "
