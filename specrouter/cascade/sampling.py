@@ -43,31 +43,43 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits.astype(np.float64) - np.max(logits)
-    e = np.exp(z)
-    return e / e.sum()
+#: Above this 1/temperature the scaled logits leave float32's range: float64 is used.
+_FLOAT32_MAX_INVERSE_TEMPERATURE = 1e30
 
 
 def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The probability vector (float64) a level samples from. Greedy gives one-hot argmax."""
+    """The probability vector (float64) a level samples from. Greedy gives one-hot argmax.
+
+    The exponentials are taken in the logits' own precision: float32 exp is ~6x faster than
+    float64 on a 150k vocabulary (0.2 against 1.3 ms here, and a verification warps up to
+    17 rows per cycle), and it moves a probability by a few 1e-6 relative at most (measured
+    on 150k Qwen-sized logits at T=0.7), the order of what float32 logits (llama.cpp's and
+    torch's) were rounded by already. Normalisation is in float64, so the vector sums to 1
+    as exactly as before; float64 logits stay float64 throughout."""
     if params.greedy:
         probs = np.zeros(logits.shape[-1], dtype=np.float64)
         probs[int(np.argmax(logits))] = 1.0
         return probs
+    inverse = 1.0 / params.temperature
+    dtype = np.float32 if logits.dtype == np.float32 and inverse < _FLOAT32_MAX_INVERSE_TEMPERATURE else np.float64
     # Shift by the max first: a tiny temperature then sends the others to -inf, never inf - inf.
-    shifted = logits.astype(np.float64)
-    with np.errstate(over="ignore"):
-        scaled = (shifted - shifted.max()) / params.temperature
+    scaled = logits.astype(dtype)  # a copy: the caller's logits stay as they are
+    scaled -= scaled.max()
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled *= inverse
+    if math.isinf(inverse):  # a temperature so small its inverse overflows: 0 * inf at the maximum
+        scaled[np.isnan(scaled)] = 0.0
     vocab = scaled.shape[-1]
     if params.top_k and params.top_k < vocab:
         # Ties at the k-th value are cut by argpartition's order; every level of a chain
         # applies the same deterministic rule, so the target distribution stays well defined.
         keep = np.argpartition(-scaled, params.top_k - 1)[: params.top_k]
-        masked = np.full(vocab, -np.inf)
+        masked = np.full(vocab, -np.inf, dtype=dtype)
         masked[keep] = scaled[keep]
         scaled = masked
-    probs = softmax(scaled)
+    np.exp(scaled, out=scaled)
+    probs = scaled.astype(np.float64, copy=False)
+    probs /= probs.sum()
     if params.top_p < 1.0:
         probs = _top_p_filter(probs, params.top_p)
     return probs
@@ -92,8 +104,25 @@ def _top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
     return out / out.sum()
 
 
+#: sample() searches block sums first, then one block: two short cumulative sums instead
+#: of one over the whole vocabulary (0.6 ms on 150k tokens here, more than the warp).
+_SAMPLE_BLOCK = 1024
+
+
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Inverse-CDF sampling with one uniform from rng (tests fix rng to fix the draw)."""
-    cdf = np.cumsum(probs)
-    u = rng.random() * cdf[-1]
-    return int(min(np.searchsorted(cdf, u, side="right"), probs.shape[0] - 1))
+    u = rng.random()
+    n = probs.shape[0]
+    if n <= 4 * _SAMPLE_BLOCK:
+        cdf = np.cumsum(probs)
+        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), n - 1))
+    starts = np.arange(0, n, _SAMPLE_BLOCK)
+    block_cdf = np.cumsum(np.add.reduceat(probs, starts))
+    x = u * block_cdf[-1]
+    b = int(min(np.searchsorted(block_cdf, x, side="right"), len(starts) - 1))
+    block = probs[starts[b] : starts[b] + _SAMPLE_BLOCK]
+    cdf = np.cumsum(block)
+    j = int(np.searchsorted(cdf, x - (block_cdf[b - 1] if b else 0.0), side="right"))
+    if j >= block.shape[0]:  # rounding between the two sums: the block's last token with mass
+        j = int(np.flatnonzero(block)[-1])
+    return int(starts[b]) + j

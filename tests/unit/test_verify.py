@@ -89,6 +89,35 @@ def test_top_p_on_a_large_vocabulary_matches_the_full_sort():
         np.testing.assert_allclose(fast, ref / ref.sum(), rtol=1e-9, atol=1e-15)
 
 
+def test_float32_logits_warp_like_float64_on_a_qwen_sized_vocabulary():
+    # llama.cpp and torch hand over float32 rows; warp takes their exponentials in float32.
+    logits = (np.random.default_rng(4).normal(size=151_936) * 3).astype(np.float32)
+    for params in (SamplingParams(temperature=0.7), SamplingParams(temperature=1.3, top_k=50),
+                   SamplingParams(temperature=0.7, top_p=0.9)):
+        fast, ref = warp(logits, params), warp(logits.astype(np.float64), params)
+        assert fast.dtype == np.float64 and abs(fast.sum() - 1.0) < 1e-12
+        np.testing.assert_array_equal(fast > 0, ref > 0)  # the same support (top-k/top-p cuts)
+        np.testing.assert_allclose(fast, ref, rtol=1e-5, atol=0)
+
+
+def test_sampling_on_a_large_vocabulary_is_the_inverse_cdf_of_the_same_uniform():
+    # Blocks first, then one block: the token whose CDF interval holds the uniform, as a
+    # single cumulative sum over the whole vocabulary finds it.
+    rng = np.random.default_rng(5)
+    probs = warp(rng.normal(size=151_936) * 2, SamplingParams(temperature=1.0, top_k=3000))
+    draws, twin = np.random.default_rng(6), np.random.default_rng(6)
+    cdf = np.cumsum(probs)
+    for _ in range(3000):
+        token = sample(probs, draws)
+        assert probs[token] > 0
+        assert token == min(int(np.searchsorted(cdf, twin.random() * cdf[-1], side="right")), len(probs) - 1)
+    # Mass only in the last token of a block and the first of the next: block edges are right.
+    edge = np.zeros(10_000)
+    edge[[1023, 1024]] = 0.5
+    hits = np.bincount([sample(edge, draws) for _ in range(4000)], minlength=10_000)
+    assert hits.sum() == hits[1023] + hits[1024] and abs(hits[1023] / 4000 - 0.5) < 0.05
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
