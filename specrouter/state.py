@@ -19,11 +19,21 @@ from specrouter.backends.base import Backend
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix. Called for every model every cycle on contexts of
+    thousands of tokens: slices compare in C, so the usual case (one is a prefix of the
+    other) is one comparison and a mismatch is found by bisection, not a Python loop."""
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    a, b = (x[:n] if type(x) is list else list(x[:n]) for x in (a, b))
+    if a == b:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 32:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return next(i for i in range(lo, hi) if a[i] != b[i])
 
 
 class SequenceState:

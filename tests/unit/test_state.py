@@ -13,6 +13,14 @@ def test_common_prefix():
     assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
     assert common_prefix([1, 2], [1, 2, 3]) == 2
     assert common_prefix([], [1]) == 0
+    # Long contexts go by bisection over slices: the same answer as a position-by-position scan,
+    # wherever the mismatch lies, for lists and tuples alike.
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        a = rng.integers(0, 3, int(rng.integers(0, 400))).tolist()
+        b = a[: int(rng.integers(0, len(a) + 1))] + rng.integers(0, 3, int(rng.integers(0, 60))).tolist()
+        scan = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        assert common_prefix(a, b) == common_prefix(tuple(b), a) == scan
 
 
 def test_evaluate_feeds_only_unseen_tokens_and_rolls_back_divergent_ones():
