@@ -44,6 +44,17 @@ that sent the pair out: one bad block of an fp32 target's 16-token drafts, then 
 text, is taken up again at the first probe. Pairs observed every cycle (the n-gram in
 the shadow) never age.
 
+How sure an estimate is (cautious, the rate the scheduler's guard against the winner's
+curse uses) follows the same shrinkage model: SHRINK says the request's own rate scatters
+around the global one like the mean of SHRINK scores, so with score variance s2 its prior
+variance is s2 / SHRINK + s2 / n_global, and n_request own scores make the posterior
+variance 1 / (1 / prior + n_request / s2). The counts are the EMAs' effective sample sizes
+(an EMA of step alpha averages ~(2 - alpha) / alpha scores), so a request never looks
+surer than ~19 own positions make it; s2 is the global estimate's tracked score variance,
+at most that of 0/1 scores (Laplace-smoothed while there are few). The global mean itself
+is weighed against the prior by PRIOR_WEIGHT scores there: a class of n-gram matches seen
+twice, right twice, is not yet a rate of 1.
+
 Pairs never observed get a prior: the triangle inequality of TV gives
 a_ik >= a_ij + a_jk - 1 through any model j observed with both (it also holds for
 greedy agreement, by the union bound); it is a guaranteed lower bound, so using it is
@@ -78,6 +89,10 @@ WINDOW, VAR_ALPHA, MIN_JUMP = 6, 0.02, 0.15  # change detection of per-request e
 PERSIST_CAP = 200.0  # a loaded global count is capped so new data can still move it
 #: Version of the saved estimates: 2 = blocks scored up to their first rejection.
 ESTIMATES_FORMAT = 2
+#: Scores after which the tracked variance of a global estimate replaces the bound a (1 - a).
+MIN_VARIANCE_COUNT = 10
+#: Pseudo-scores at the prior that a global mean is weighed against in the cautious rate.
+PRIOR_WEIGHT = 4.0
 #: Committed tokens after which an unobserved per-request estimate weighs half as much.
 STALE_HALF_LIFE = 32.0
 #: Committed tokens without observations after which a pair left for a bad stretch may
@@ -124,6 +139,17 @@ class Estimate:
                 if abs(window - reference) > max(MIN_JUMP, 3.0 * math.sqrt(self.var / WINDOW)):
                     self.mean = window
                     self.recent.clear()
+
+
+def _seeded(mean: float, count: float) -> Estimate:
+    """An estimate known by its mean and count only (persisted, or set by a test): its score
+    variance starts at the bound mean (1 - mean), and observations refine it."""
+    return Estimate(mean, count, var=mean * (1 - mean))
+
+
+def _effective_count(alpha: float) -> float:
+    """Scores an EMA of step alpha averages over, in the variance of its mean."""
+    return (2 - alpha) / alpha
 
 
 def pair_score(proposal: int, q_row, p_row, greedy: bool) -> float:
@@ -200,7 +226,7 @@ class AcceptanceEstimator:
 
     def set_global(self, proposer: str, verifier: str, rate: float, count: float = 100.0, mode: str | None = None) -> None:
         """Seed an estimate (tests, persisted state)."""
-        self.global_[(mode or self.mode, proposer, verifier)] = Estimate(rate, count)
+        self.global_[(mode or self.mode, proposer, verifier)] = _seeded(rate, count)
 
     # Estimates --------------------------------------------------------------------
     def count(self, proposer: str, verifier: str) -> float:
@@ -221,6 +247,32 @@ class AcceptanceEstimator:
             return base
         w = n / (n + self.shrink)
         return w * r.mean + (1 - w) * base
+
+    def cautious(self, proposer: str, verifier: str, names: Sequence[str] = (), z: float = 1.0) -> float:
+        """A rate the pair reaches with ~84% confidence at z = 1: rate() z standard errors down,
+        with the global mean weighed against the prior by PRIOR_WEIGHT scores (two lucky
+        scores are no evidence); 0 with no global data (a prior is a guess, not a
+        measurement). See the module docstring."""
+        g = self.global_.get((self.mode, proposer, verifier))
+        if g is None or not g.count:
+            return 0.0
+        n_global = min(g.count, _effective_count(ALPHA_GLOBAL))
+        base = (g.mean * n_global + self.prior(proposer, verifier, names) * PRIOR_WEIGHT) / (n_global + PRIOR_WEIGHT)
+        r = self.request.get((proposer, verifier))
+        n = r.weight_at(self.position) if r is not None else 0.0
+        w = n / (n + self.shrink)
+        a = w * r.mean + (1 - w) * base if n else base
+        n_request = min(n, _effective_count(ALPHA_REQUEST))
+        # Score variance: of 0/1 scores of mean a, Laplace-smoothed (a = 1 from two scores
+        # must not look certain); the tracked variance once there are enough scores.
+        smoothed = (a * (n_global + n_request) + 1) / (n_global + n_request + 2)
+        var = smoothed * (1 - smoothed)
+        if g.count >= MIN_VARIANCE_COUNT:
+            var = min(var, g.var)
+        if var <= 0:
+            return a
+        prior = var / self.shrink + var / (n_global + PRIOR_WEIGHT)
+        return max(0.0, a - z * math.sqrt(1.0 / (1.0 / prior + n_request / var)))
 
     def stale_low(self, proposer: str, verifier: str) -> float | None:
         """The global estimate, when this request's own estimate sits below it and was not
@@ -266,6 +318,6 @@ class AcceptanceEstimator:
             for key, (mean, count) in data["estimates"].items():
                 mode, proposer, verifier = key.split("|")
                 if 0.0 <= float(mean) <= 1.0 and float(count) > 0:
-                    self.global_[(mode, proposer, verifier)] = Estimate(float(mean), min(float(count), PERSIST_CAP))
+                    self.global_[(mode, proposer, verifier)] = _seeded(float(mean), min(float(count), PERSIST_CAP))
         except (OSError, ValueError, TypeError, AttributeError, KeyError):
             pass  # absent or damaged: start from the priors

@@ -26,20 +26,31 @@ whose match is a single token (right about a quarter of the time on code) does n
 Chains that differ only by the n-gram level form one family: moving inside a family
 costs nothing (the n-gram has no cache), so hysteresis applies between families only.
 
+Caution: a chain other than the target alone is moved to only if it beats the target
+alone with every acceptance CAUTION_Z standard errors below its estimate (the
+estimator's cautious rate: a new request's rate is known only roughly until its own
+text has been scored, and a pair seen a few times not at all); it is kept while its
+estimate beats the target alone. Picking the argmin of noisy estimates favours the
+chains whose estimates are high by chance, and on a CPU where verifying k tokens costs
+nearly k forwards, a gain of a few percent at best, that bias alone made auto slower
+than the target alone.
+
 Exploration: a chain whose pairs are barely observed is probed for one cycle when its
 optimistic prediction (acceptance + EXPLORE_BONUS / sqrt(count + 1)) would beat the
 current best; so is a chain left after a bad stretch of this request, optimistically at
 the global estimate (AcceptanceEstimator.stale_low: the stretch may have passed, and its
 own estimate only drifts back as it goes stale, which with an fp32 target at 0.7 s a
-token took ~100 tokens while the chain would have run 1.7x faster). After a probe the
-next choice is re-planned at once. Probes run only while the measured extra time of all
-of them stays within EXPLORE_FRACTION of generation time (elapsed plus expected
-remaining). The cap is what
-keeps `auto` within a few percent of the best static choice when nothing pays; the
-optimism is what lets it find a draft that does pay, and a chain that cannot win even
-optimistically is never probed (on a CPU where drafting loses, nothing is). A probe's
-cost is counted, not guessed: its cycle's time minus what the best chain would have
-spent on the same tokens. Any chain choice made before a cycle keeps the output exact
+token took ~100 tokens while the chain would have run 1.7x faster), and a chain that
+beats the choice on its estimate but not for sure (its probes are the own data that
+make it sure, or show it is not). After a probe the next choice is re-planned at once.
+Probes run only while their measured net extra time stays within EXPLORE_FRACTION of
+generation time (elapsed plus expected remaining). The cap is what keeps `auto` within
+a few percent of the best static choice when nothing pays; the optimism is what lets it
+find a draft that does pay, and a chain that cannot win even optimistically is never
+probed (on a CPU where drafting loses, nothing is). A probe's cost is counted, not
+guessed: its cycle's time minus what the chosen chain would have spent on the same
+tokens, negative when the probe did better (so the budget bounds the probes' regret).
+Any chain choice made before a cycle keeps the output exact
 (each cycle emits tokens distributed as the target's, whatever chain produced them).
 """
 from __future__ import annotations
@@ -59,11 +70,14 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator, pair_score
 from specrouter.router.predictor import ChainSpec, Prediction, predict
-from specrouter.router.profiler import OnlineCosts
+from specrouter.router.profiler import OnlineCosts, row_kind
 
 HYSTERESIS = 0.05
 EXPLORE_FRACTION = 0.03  # leaves room for auto >= 0.97x of the best static choice
 EXPLORE_BONUS = 0.5
+#: A chain is moved to only if it beats the target alone with each acceptance this many standard
+#: errors below its estimate (Router._check_sure): about 1 in 6 chances that it is lower.
+CAUTION_Z = 1.0
 CONFIDENT = 48  # positions after which a pair is no longer probed
 #: Draft lengths searched per level: every length to 8, then coarser. Long drafts pay when
 #: verifying n tokens costs about as much as one (an fp32 target on a CPU: flat from 3 to
@@ -74,6 +88,7 @@ FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length gri
 COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
 PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 tolerances at once
 HORIZON = 256  # tokens over which a catch-up cost is amortised at most
+HOPELESS = 1.1  # a chain predicted this much slower than the target alone keeps its lengths until a full search
 MAX_EXHAUSTIVE = 100  # 2-level chains: the whole grid; deeper ones by coordinate descent (a full plan costs ~15 ms, not ~90)
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
 
@@ -106,13 +121,21 @@ class Scored:
     prediction: Prediction
     catch_up: float = 0.0  # seconds the chain's models need to catch up before it runs
     score: float = 0.0  # seconds per token, catch-up amortised
+    cautious: float | None = None  # the score at the cautious acceptance (None: not computed)
+    sure: bool = True  # beats the target alone even at the cautious acceptance
 
     def as_dict(self) -> dict:
         return {"chain": list(self.spec.names), "draft_lengths": list(self.spec.draft_lengths),
                 "predicted_ms_per_token": round(self.prediction.seconds_per_token * 1e3, 3),
                 "tokens_per_cycle": round(self.prediction.tokens_per_cycle, 3),
                 "catch_up_ms": round(self.catch_up * 1e3, 3),
-                "score_ms_per_token": round(self.score * 1e3, 3)}
+                "score_ms_per_token": round(self.score * 1e3, 3),
+                **({} if self.cautious is None else {"cautious_ms_per_token": round(self.cautious * 1e3, 3),
+                                                     "pays_for_sure": self.sure})}
+
+    @property
+    def catch_up_per_token(self) -> float:
+        return self.score - self.prediction.seconds_per_token
 
 
 @dataclass
@@ -218,10 +241,12 @@ class Router:
     # Request lifecycle ----------------------------------------------------------------
     def start(self, params: SamplingParams, prompt_tokens: int = 0, max_tokens: int = 0) -> None:
         self.acceptance.start_request(params.greedy)
+        self._row_kind = row_kind(params)
         self.current = None
         self._plan_inputs = None
         self._cycle = 0
         self._planned_at = -PLAN_EVERY
+        self._class_planned_at: dict[str, int] = {}  # cycle of each match class's own re-plan
         self._probe: tuple[ChainSpec, float] | None = None
         self.decisions = []  # per request
         self._best, self._optimistic = {}, {}  # a request's first plan is a full search
@@ -235,6 +260,7 @@ class Router:
         self._ngram_scored: set[str] = set()  # verifiers it was scored against this cycle
         self._fwd_seconds = 0.0
         self._fwd_count = 0
+        self._rows_seconds = 0.0
 
     def finish(self) -> None:
         """End of a request (nothing to release: estimates stay for the next one)."""
@@ -255,54 +281,59 @@ class Router:
         """The estimator's name of a chain level in this cycle (the n-gram: its match class)."""
         return cls if name == NGRAM_NAME and cls is not None else name
 
-    def _predict(self, spec: ChainSpec, optimistic: bool = False, room: int | None = None,
+    def _predict(self, spec: ChainSpec, table: str = "rates", room: int | None = None,
                  cls: str | None = None) -> Prediction:
         """Prediction from the inputs frozen at the last re-plan (memoised across calls), with
         the n-gram level's estimates of match class `cls`."""
         plan = self._plan
-        rates = plan["optimistic" if optimistic else "rates"]
-        memo = plan["memo"].setdefault((optimistic, cls), {})
-        key = self._key
-        return predict(spec, plan["cost"], lambda j, i: rates[(key(j, cls), i)],
-                       lambda j, i: plan["fills"][(key(j, cls), i)], room, memo)
+        memo = plan["memo"].setdefault((table, cls), {})  # the predictor's, per table and class
+        done = plan["predictions"].get((table, cls, spec, room))  # a cycle asks again what others did
+        if done is None:
+            rates = plan[table]  # "rates", "optimistic" (probes) or "cautious" (the guard)
+            key = self._key
+            done = plan["predictions"][(table, cls, spec, room)] = predict(
+                spec, plan["cost"], lambda j, i: rates[(key(j, cls), i)],
+                lambda j, i: plan["fills"][(key(j, cls), i)], room, memo, plan["row"] * plan["batch"])
+        return done
 
-    def _best_lengths(self, names: tuple[str, ...], optimistic: bool, room: int | None,
+    def _best_lengths(self, names: tuple[str, ...], table: str, room: int | None,
                       start: tuple[int, ...] | None = None, cls: str | None = None) -> Scored:
         depth = len(names) - 1
         if depth == 0:
             spec = ChainSpec(names)
-            return Scored(spec, self._predict(spec, optimistic, room, cls))
+            return Scored(spec, self._predict(spec, table, room, cls))
         grid = self.grid
         if room is not None:  # the target never takes more than room - 1 proposals
             grid = tuple(k for k in grid if k < max(room, 2)) or (1,)
-        if start is not None and all(k in grid for k in start):
-            return self._local_search(names, optimistic, room, grid, start, cls)
+        if start is not None:  # near the end the room cuts the grid: start from the longest left
+            start = tuple(max((g for g in grid if g <= k), default=grid[0]) for k in start)
+            return self._local_search(names, table, room, grid, start, cls)
         if len(grid) ** depth <= MAX_EXHAUSTIVE:
             options = [ChainSpec(names, ks) for ks in itertools.product(grid, repeat=depth)]
-            best = min(options, key=lambda s: self._predict(s, optimistic, room, cls).seconds_per_token)
-            return Scored(best, self._predict(best, optimistic, room, cls))
+            best = min(options, key=lambda s: self._predict(s, table, room, cls).seconds_per_token)
+            return Scored(best, self._predict(best, table, room, cls))
         ks = [grid[len(grid) // 2]] * depth  # coordinate descent from the middle of the grid
-        best_val = self._predict(ChainSpec(names, tuple(ks)), optimistic, room, cls).seconds_per_token
+        best_val = self._predict(ChainSpec(names, tuple(ks)), table, room, cls).seconds_per_token
         for _ in range(4):
             improved = False
             for level in range(depth):
                 for k in grid:
                     trial = ks.copy()
                     trial[level] = k
-                    val = self._predict(ChainSpec(names, tuple(trial)), optimistic, room, cls).seconds_per_token
+                    val = self._predict(ChainSpec(names, tuple(trial)), table, room, cls).seconds_per_token
                     if val < best_val - 1e-12:
                         ks, best_val, improved = trial, val, True
             if not improved:
                 break
         spec = ChainSpec(names, tuple(ks))
-        return Scored(spec, self._predict(spec, optimistic, room, cls))
+        return Scored(spec, self._predict(spec, table, room, cls))
 
-    def _local_search(self, names, optimistic, room, grid, start, cls) -> Scored:
+    def _local_search(self, names, table, room, grid, start, cls) -> Scored:
         """Grid neighbours (one step down or up per level) of the last best lengths until none
         improves: after a small move of the inputs the optimum moves little, at a tenth of a
         full search."""
         def value(ks):
-            return self._predict(ChainSpec(names, ks), optimistic, room, cls).seconds_per_token
+            return self._predict(ChainSpec(names, ks), table, room, cls).seconds_per_token
 
         ks, best = tuple(start), value(tuple(start))
         improved = True
@@ -319,13 +350,15 @@ class Router:
                             ks, best, improved = trial, v, True
                             break
         spec = ChainSpec(names, ks)
-        return Scored(spec, self._predict(spec, optimistic, room, cls))
+        return Scored(spec, self._predict(spec, table, room, cls))
 
     def _inputs(self, room: int) -> dict:
         # Chains run in size order, so a proposer is always smaller than its verifier.
         models = [n for n in self.names if n != NGRAM_NAME]
         pairs = [*itertools.combinations(models, 2), *((k, m) for k in self._ngram_keys for m in models)]
         rates = {(j, i): self._rate(j, i) for j, i in pairs}
+        names = self._estimate_names()
+        cautious = {(j, i): self.acceptance.cautious(j, i, names, CAUTION_Z) for j, i in pairs}
         optimistic, stale = {}, set()
         for j, i in pairs:
             bonus = rates[(j, i)] + EXPLORE_BONUS / math.sqrt(self.acceptance.count(j, i) + 1)
@@ -333,61 +366,134 @@ class Router:
             if low is not None:
                 stale.add((j, i))
             optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
-        return {"rates": rates, "optimistic": optimistic, "stale": stale,
+        return {"rates": rates, "optimistic": optimistic, "cautious": cautious, "stale": stale,
                 "fills": {(j, i): self.acceptance.fill(j, i) for j, i in pairs},
-                "costs": self.costs.snapshot(), "room": min(room, max(self.grid) + 1), "batch": self.batch_size}
+                "costs": self.costs.snapshot(), "row": self.costs.row_seconds(self._row_kind),
+                "room": min(room, max(self.grid) + 1), "batch": self.batch_size}
 
-    def _move(self, old: dict | None, new: dict) -> float:
-        """How far the inputs moved since the last plan, in tolerances (>= 1: enough to
-        matter; timings jitter every cycle). Infinite when the problem itself changed."""
-        if old is None or old["room"] != new["room"] or old["batch"] != new["batch"] \
-                or old["costs"].keys() != new["costs"].keys():
-            return math.inf
-        moves = [abs(new["rates"][k] - v) / RATE_TOLERANCE for k, v in old["rates"].items()]
-        moves.append(BIG_MOVE * (old["stale"] != new["stale"]))  # a pair became worth probing
-        moves += [abs(new["fills"][k] - v) / 0.1 for k, v in old["fills"].items()]
-        moves += [abs(new["costs"][k] - v) / (COST_TOLERANCE * max(abs(v), 1e-9))
-                  for k, v in old["costs"].items() if k != "overhead"]
-        moves.append(abs(new["costs"]["overhead"] - old["costs"]["overhead"]) / 5e-4)
-        return max(moves)
+    _PAIR_TABLES = (("rates", RATE_TOLERANCE), ("cautious", RATE_TOLERANCE), ("fills", 0.1))
 
-    def _refresh(self, room: int) -> None:
-        inputs = self._inputs(room)
-        move = self._move(self._plan_inputs, inputs)
+    def _move(self, old: dict | None, new: dict) -> tuple[float, dict[str, float]]:
+        """How far the inputs moved since they were planned with, in tolerances (>= 1: enough
+        to matter; timings jitter every cycle): for the chains without the n-gram level, and
+        per match class for the n-gram's own pairs (which move only that class's plans).
+        Infinite when the problem itself changed."""
+        if old is None or old["batch"] != new["batch"] or old["costs"].keys() != new["costs"].keys():
+            return math.inf, {}
+        if old["room"] != new["room"]:  # the last tokens of a request: every cycle, at once
+            return BIG_MOVE, {}
+        # Model costs count relative to the target's: a level that moves for all (the machine's
+        # speed, which jitters by several % from forward to forward) changes no choice, while
+        # it re-planned every few cycles. Shapes (model@n) are relative already.
+        t = self.target.name
+        base = [abs(new["costs"][k] / new["costs"].get(t, 1.0) - v / old["costs"].get(t, 1.0))
+                / (COST_TOLERANCE * max(abs(v / old["costs"].get(t, 1.0)), 1e-9))
+                for k, v in old["costs"].items() if k not in ("overhead", NGRAM_NAME, t)]
+        if NGRAM_NAME in old["costs"]:  # a lookup of ~20 us: its level jitters by tens of %, harmlessly
+            base.append(abs(new["costs"][NGRAM_NAME] - old["costs"][NGRAM_NAME]) * self.costs.profile.ngram_seconds / 2e-4)
+        base.append(abs(new["costs"]["overhead"] - old["costs"]["overhead"]) / 5e-4)
+        base.append(abs(new["row"] - old["row"]) / 2e-4)
+        classes: dict[str, float] = {}
+
+        def note(pair: tuple[str, str], move: float) -> None:
+            if pair[0] in self._ngram_keys:
+                classes[pair[0]] = max(classes.get(pair[0], 0.0), move)
+            else:
+                base.append(move)
+
+        for table, tolerance in self._PAIR_TABLES:
+            for pair, value in old[table].items():
+                note(pair, abs(new[table][pair] - value) / tolerance)
+        for pair in old["stale"] ^ new["stale"]:
+            note(pair, BIG_MOVE)  # a pair became worth probing, or stopped being
+        return max(base), classes
+
+    def _due(self, move: float, planned_at: int) -> bool:
         # A small move waits until PLAN_EVERY cycles have passed since the last plan: the
         # per-request estimates and the cost EMAs cross one tolerance most cycles, and a plan
         # costs ~2 ms of Python, ~2.5% of a CPU token. A large move re-plans at once.
+        return move >= BIG_MOVE or (move >= 1 and self._cycle - planned_at >= PLAN_EVERY)
+
+    def _refresh(self, room: int) -> None:
+        inputs = self._inputs(room)
+        base, classes = self._move(self._plan_inputs, inputs)
         # After a probe its observations are what the next choice needs: re-plan at once.
-        probed = self._probe is not None
-        if not probed and (move < 1 or (move < BIG_MOVE and self._cycle - self._planned_at < PLAN_EVERY)):
+        if self._probe is None and not self._due(base, self._planned_at):
+            # The n-gram's estimates: only their class re-plans, and at most every PLAN_EVERY
+            # cycles however far they moved (every shadow score moves a class's per-request
+            # estimate by ~0.1, and a plan of its chains was most of the router's time).
+            for cls, move in classes.items():
+                if move >= 1 and self._cycle - self._class_planned_at.get(cls, self._planned_at) >= PLAN_EVERY:
+                    self._replan_class(cls, inputs)
             return
         self._planned_at = self._cycle
+        self._class_planned_at = {}
         self._plan_inputs = inputs
         self.replans += 1
         r = room if room <= max(self.grid) else None
-        full = self.replans % FULL_SEARCH_EVERY == 1 or r is not None
+        full = self.replans % FULL_SEARCH_EVERY == 1
+        # The n-gram chains keep their draft lengths, re-scored when a cycle of their class
+        # needs them; their lengths are searched again when their own estimates move
+        # (_replan_class), at the periodic full search and when the problem changed (room,
+        # batch). A search per class after every plan was most of the router's time.
+        rescore = set() if full or math.isinf(base) else set(self._ngram_keys)
         self._plan = {**inputs, "cost": functools.lru_cache(maxsize=None)(self._batch_cost), "memo": {},
-                      "r": r, "full": full}
+                      "predictions": {}, "r": r, "full": full, "rescore": rescore}
         self._previous_by_class = {**self._previous_by_class, **self._by_class}
         self._by_class = {}
         self._best, self._optimistic = self._plans([c for c in self.chains if NGRAM_NAME not in c], None,
                                                    (self._best, self._optimistic))
 
-    def _plans(self, chains: list[tuple[str, ...]], cls: str | None, previous: tuple[dict, dict]) -> tuple[dict, dict]:
-        """Best draft lengths per chain, and optimistic ones for chains with a barely observed pair."""
+    def _replan_class(self, cls: str, inputs: dict) -> None:
+        """Take up the new estimates of one match class of the n-gram (the plan holds them,
+        and the inputs they are compared with next); its chains are planned again when a
+        cycle needs them."""
+        plan = self._plan  # its tables are the planned inputs' own dicts: one update serves both
+        for table, _ in self._PAIR_TABLES:
+            plan[table].update((pair, v) for pair, v in inputs[table].items() if pair[0] == cls)
+        plan["optimistic"].update((pair, v) for pair, v in inputs["optimistic"].items() if pair[0] == cls)
+        plan["stale"].difference_update({pair for pair in plan["stale"] if pair[0] == cls})
+        plan["stale"].update(pair for pair in inputs["stale"] if pair[0] == cls)
+        for table in ("rates", "optimistic", "cautious"):
+            plan["memo"].pop((table, cls), None)
+        plan["predictions"] = {k: v for k, v in plan["predictions"].items() if k[1] != cls}
+        plan["rescore"].discard(cls)
+        if cls in self._by_class:
+            self._previous_by_class[cls] = self._by_class.pop(cls)
+        self._class_planned_at[cls] = self._cycle
+
+    def _plans(self, chains: list[tuple[str, ...]], cls: str | None, previous: tuple[dict, dict],
+               rescore: bool = False) -> tuple[dict, dict]:
+        """Best draft lengths per chain, and optimistic ones for chains with a barely observed
+        pair; with `rescore`, the previous lengths predicted again where there are some."""
         r, full = self._plan["r"], self._plan["full"]
+        alone = self._predict(ChainSpec((self.target.name,)), room=r).seconds_per_token
 
-        def start(plans, names):
-            return None if full or names not in plans else plans[names].spec.draft_lengths
+        def plan(names, table, plans):
+            if names in plans and not full:
+                spec = plans[names].spec
+                kept = Scored(spec, self._predict(spec, table, r, cls))
+                # Far behind the target alone, a local search cannot make it a winner: its
+                # lengths wait for the periodic full search (most plans were such searches).
+                if rescore or kept.prediction.seconds_per_token > HOPELESS * alone:
+                    return kept
+                return self._best_lengths(names, table, r, spec.draft_lengths, cls)
+            return self._best_lengths(names, table, r, None, cls)
 
-        best = {names: self._best_lengths(names, False, r, start(previous[0], names), cls) for names in chains}
+        best = {names: plan(names, "rates", previous[0]) for names in chains}
         optimistic = {}
         for names in chains:
-            pairs = [(self._key(j, cls), i) for j, i in zip(names, names[1:])]
-            if pairs and any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in self._plan["stale"]
-                             for j, i in pairs):
-                optimistic[names] = self._best_lengths(names, True, r, start(previous[1], names), cls)
+            pairs = self._pairs_to_probe(names, cls)
+            if any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in self._plan["stale"] for j, i in pairs):
+                optimistic[names] = plan(names, "optimistic", previous[1])
         return best, optimistic
+
+    def _pairs_to_probe(self, names: Sequence[str], cls: str | None) -> list[tuple[str, str]]:
+        """The chain's adjacent pairs that only running it can teach: all but the n-gram's
+        under the target, which the shadow lookup scores in every cycle with a match (against
+        the target's rows, or its output when it runs alone), whatever chain runs."""
+        return [(self._key(j, cls), i) for j, i in zip(names, names[1:])
+                if not (j == NGRAM_NAME and i == self.target.name)]
 
     def _class_plans(self, cls: str) -> tuple[dict, dict]:
         """The n-gram chains' plans for a match class: made when a cycle first needs them after
@@ -395,7 +501,8 @@ class Router:
         plans = self._by_class.get(cls)
         if plans is None:
             chains = [c for c in self.chains if NGRAM_NAME in c]
-            plans = self._by_class[cls] = self._plans(chains, cls, self._previous_by_class.get(cls, ({}, {})))
+            plans = self._by_class[cls] = self._plans(chains, cls, self._previous_by_class.get(cls, ({}, {})),
+                                                      rescore=cls in self._plan["rescore"])
         return plans
 
     def _batch_cost(self, name: str, n: float) -> float:
@@ -443,10 +550,13 @@ class Router:
             by_class = self._class_plans(self._ngram_key)
             best_plans, optimistic = {**best_plans, **by_class[0]}, {**optimistic, **by_class[1]}
         ranked = sorted((self._score(s, position, room, cached) for s in best_plans.values()), key=lambda s: s.score)
-        best = ranked[0]
+        alone = next(s for s in ranked if len(s.spec.names) == 1)
+        for s in ranked:
+            self._check_sure(s, alone, room)
+        best = next(s for s in ranked if s.sure)
         reason = "start"
         chosen = best
-        current = self._current_family(ranked, position, room, cached)
+        current = self._current_family(ranked, alone, position, room, cached)
         if current is not None:
             if best.spec != current.spec and best.score < (1 - self.hysteresis) * current.score:
                 reason = "switch"
@@ -457,7 +567,13 @@ class Router:
         # No probe while the target catches up (the first cycle prefills the prompt): that
         # time is everyone's, and a probe's cost is measured as its cycle's excess.
         target_ready = cached.get(self.target.name, 0) >= position - 1
-        probe = self._pick_probe(chosen, optimistic, position, room, cached) if target_ready else None
+        probe = None
+        if target_ready:
+            # Candidates: chains with a barely observed or stale pair, scored optimistically, and
+            # chains that only the cautious guard kept out (their own data is what makes them sure).
+            candidates = [self._score(opt, position, room, cached) for opt in optimistic.values()]
+            candidates += [s for s in ranked if not s.sure and self._pairs_to_probe(s.spec.names, self._ngram_key)]
+            probe = self._pick_probe(chosen, candidates, room)
         if probe is not None:
             self._probe = (probe.spec, chosen.prediction.seconds_per_token)
             self._record(probe.spec, "probe", position, ranked, probe)
@@ -468,36 +584,53 @@ class Router:
         self.current = chosen.spec
         return self.chain_for(chosen.spec)
 
-    def _current_family(self, ranked: list[Scored], position: int, room: int,
+    def _check_sure(self, s: Scored, alone: Scored, room: int) -> Scored:
+        """Sets whether a chain beats the target alone even at the cautious acceptance (CAUTION_Z
+        standard errors below the estimate, AcceptanceEstimator.cautious). The argmin over
+        estimates is biased toward the chains whose estimates are high by chance (the winner's
+        curse), and on a CPU where speculation wins by a few percent at best that bias alone
+        made auto lose to the target alone; the draft lengths are still those of the estimate."""
+        if len(s.spec.names) > 1:
+            r = room if room <= max(self.grid) else None
+            s.cautious = self._predict(s.spec, "cautious", r, self._ngram_key).seconds_per_token + s.catch_up_per_token
+            s.sure = s.cautious < alone.score
+        return s
+
+    def _current_family(self, ranked: list[Scored], alone: Scored, position: int, room: int,
                         cached: Mapping[str, int]) -> Scored | None:
         """What keeping the current chain means this cycle: the chain itself at its draft
-        lengths (lengths too change only past the hysteresis), or the other member of its
-        family (with or without the n-gram level, at planned lengths) when that is better
-        or the current one cannot run (an n-gram chain in a cycle without a match)."""
+        lengths (lengths too change only past the hysteresis) while its estimate still beats
+        the target alone, or the other member of its family (with or without the n-gram
+        level, at planned lengths; for sure, as any chain the router moves to) when that is
+        better or the current one cannot run (an n-gram chain in a cycle without a match).
+        Caution to enter, the estimate to stay: the standard error between the two is the
+        hysteresis at the target alone's border, where a flat one would keep a chain that
+        loses by up to HYSTERESIS."""
         if self.current is None:
             return None
         family = _family(self.current.names)
-        options = [s for s in ranked if _family(s.spec.names) == family and s.spec.names != self.current.names]
+        options = [s for s in ranked if s.sure and _family(s.spec.names) == family and s.spec.names != self.current.names]
         if NGRAM_NAME not in self.current.names or self._ngram_key is not None:
             r = room if room <= max(self.grid) else None
             prediction = self._predict(self.current, room=r, cls=self._ngram_key)
-            options.append(self._score(Scored(self.current, prediction), position, room, cached))
+            kept = self._check_sure(self._score(Scored(self.current, prediction), position, room, cached), alone, room)
+            if len(self.current.names) == 1 or kept.score < alone.score:
+                options.append(kept)
         return min(options, key=lambda s: s.score) if options else None
 
-    def _pick_probe(self, chosen: Scored, optimistic: dict, position: int, room: int,
-                    cached: Mapping[str, int]) -> Scored | None:
+    def _pick_probe(self, chosen: Scored, candidates: list[Scored], room: int) -> Scored | None:
+        """The most promising candidate (scored optimistically, or at its estimate when only the
+        cautious guard kept it out) that beats the choice by the hysteresis and whose expected
+        extra time fits what is left of the probes' budget."""
         best_rate = chosen.prediction.seconds_per_token
         # Remaining time counted over at most HORIZON tokens: a request may end (EOS) long before max_tokens.
         budget = self.explore_fraction * (self.elapsed + min(room, HORIZON) * best_rate) - self.probe_spent
         options = []
-        cls = self._ngram_key
-        for names, opt in optimistic.items():
-            if names == chosen.spec.names:
-                continue
-            scored = self._score(opt, position, room, cached)
-            if scored.score >= (1 - self.hysteresis) * chosen.score:
+        r = room if room <= max(self.grid) else None
+        for scored in candidates:
+            if scored.spec.names == chosen.spec.names or scored.score >= (1 - self.hysteresis) * chosen.score:
                 continue  # even optimism does not beat the current choice: nothing to learn
-            real = self._predict(opt.spec, room=room if room <= max(self.grid) else None, cls=cls)
+            real = self._predict(scored.spec, room=r, cls=self._ngram_key)
             extra = max(0.0, real.cycle_seconds - real.tokens_per_cycle * best_rate) + scored.catch_up
             if extra <= budget:
                 options.append((scored.score, extra, scored))
@@ -515,6 +648,7 @@ class Router:
         inputs = {"acceptance": pairs, "cost_ms": costs, "mode": self.acceptance.mode,
                   "ngram_match": self._ngram_key,
                   "overhead_ms_per_forward": round(self.costs.overhead_per_forward * 1e3, 3),
+                  "row_ms": round(self.costs.row_seconds(self._row_kind) * 1e3, 4),
                   "probe_budget_used_ms": round(self.probe_spent * 1e3, 3)}
         self.decisions.append(Decision(self._cycle, position, spec, reason, shown, inputs))
 
@@ -525,6 +659,10 @@ class Router:
         if level != NGRAM_NAME:
             self._fwd_seconds += seconds
             self._fwd_count += 1
+
+    def on_rows(self, level: str, rows: int, seconds: float) -> None:
+        self.costs.observe_rows(self._row_kind, rows, seconds)
+        self._rows_seconds += seconds
 
     def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int) -> None:
         key = proposer
@@ -579,9 +717,11 @@ class Router:
         self.elapsed += seconds
         if self._probe is not None:
             spec, best_rate = self._probe
-            self.probe_spent += max(0.0, seconds - committed * best_rate) * self.batch_size
+            # Net: a probe that beat the choice gives its gain back to the budget, so what the
+            # probes cost in all (their regret against the choice) stays within the budget.
+            self.probe_spent += (seconds - committed * best_rate) * self.batch_size
         if self._fwd_count and self.batch_size == 1:  # in a batch, a cycle also waits for other sequences' calls
-            overhead = max(0.0, (seconds - self._fwd_seconds) / self._fwd_count)
+            overhead = max(0.0, (seconds - self._fwd_seconds - self._rows_seconds) / self._fwd_count)
             self._overhead += 0.2 * (overhead - self._overhead)
             self.costs.set_overhead(self._overhead)
         self._shadow_pairs()

@@ -78,6 +78,9 @@ class ScriptedRouter:
     def on_forward(self, level, n_tokens, seconds, shared=False, batch=1):
         pass
 
+    def on_rows(self, level, rows, seconds):
+        pass
+
     def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested):
         pass
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from specrouter.backends.ngram import NgramDrafter
-from specrouter.cascade.chain import Chain
+from specrouter.cascade.chain import Chain, CycleRunner
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
 from specrouter.router.acceptance import AcceptanceEstimator, pair_score, position_scores
@@ -90,6 +90,41 @@ def test_prediction_matches_simulated_time_per_token(levels, lengths):
     assert predicted == pytest.approx(measured, rel=0.10)
 
 
+def _rows_cost_simulated_time(monkeypatch, model, seconds_per_row):
+    """Every logits row the cascade warps charges `model`'s simulated clock (Python work)."""
+    original = CycleRunner._dist
+
+    def dist(self, row):
+        model.simulated_seconds += seconds_per_row
+        return original(self, row)
+
+    monkeypatch.setattr(CycleRunner, "_dist", dist)
+
+
+@pytest.mark.parametrize(("levels", "lengths"), [("small", [4]), ("ngram", [3]), ("ngram,small,mid", [2, 2, 3])])
+def test_prediction_counts_the_python_work_per_logits_row(monkeypatch, levels, lengths):
+    """A row costs 3 ms here (a 150k-vocabulary row under sampling costs ~0.5 ms on a CPU):
+    the prediction with that row cost matches the simulated time as closely as without
+    rows, and one that leaves the rows out is more than 10% off."""
+    target, mid, small = family()
+    _rows_cost_simulated_time(monkeypatch, target, 0.003)
+    by_name = {"ngram": NgramDrafter(), "small": small, "mid": mid}
+    chain = Chain([by_name[n] for n in levels.split(",")] + [target], lengths)
+    observer = _Observer(target, chain, greedy=False)
+    models = [target, mid, small]
+    clock = simulated_clock(models)
+    before = clock()
+    r = generate(observer, PROMPT, SamplingParams(temperature=1.0), 1500, rng=np.random.default_rng(1), clock=clock)
+    measured = (clock() - before) / len(r.token_ids)
+    costs = {m.name: m.latency for m in models}
+    cost = lambda name, n: 0.0 if name == "ngram" else costs[name](n)  # noqa: E731
+    spec = ChainSpec(tuple(chain.names), tuple(lengths))
+    assert predict(spec, cost, observer.rate, observer.fill, row=0.003).seconds_per_token == pytest.approx(measured, rel=0.10)
+    assert predict(spec, cost, observer.rate, observer.fill).seconds_per_token < 0.9 * measured
+    assert predict(ChainSpec(("target",)), cost, observer.rate, row=0.003).seconds_per_token == pytest.approx(
+        target.latency(1) + 0.003)
+
+
 def test_acceptance_scores():
     p = np.array([0.5, 0.3, 0.2])
     q = np.array([0.2, 0.3, 0.5])
@@ -137,3 +172,25 @@ def test_blocks_are_scored_up_to_their_first_rejection():
     p = np.array([[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]])
     q = np.array([[0.5, 0.5], [0.1, 0.9], [0.5, 0.5]])
     assert position_scores([0, 1, 0], q, p, False, requested=3, n_accepted=1) == pytest.approx([1.0, 0.2])
+
+
+def test_the_cautious_rate_needs_evidence_and_grows_with_it():
+    est = AcceptanceEstimator()
+    est.start_request(greedy=True)
+    assert est.cautious("d", "t") == 0.0  # nothing observed: a prior is no evidence
+    est.observe_scores("d", "t", [1.0, 1.0])  # two lucky scores
+    assert est.rate("d", "t") == 1.0 and est.cautious("d", "t") < 0.6
+    rng = np.random.default_rng(0)
+    est.observe_scores("d", "t", list((rng.random(400) < 0.75).astype(float)))  # many, at 0.75
+    est.start_request(greedy=True)  # a new request: its own rate is known only roughly
+    fresh = est.cautious("d", "t")
+    fresh_gap = est.rate("d", "t") - fresh
+    assert 0.1 < fresh_gap < 0.2
+    est.observe_scores("d", "t", list((rng.random(40) < 0.75).astype(float)))
+    confirmed = est.cautious("d", "t")
+    assert fresh < confirmed and est.rate("d", "t") - 0.1 < confirmed < est.rate("d", "t") - 0.05
+    # A persisted estimate (mean and count only) is as uncertain as 0/1 scores of its mean.
+    seeded = AcceptanceEstimator()
+    seeded.set_global("d", "t", 0.75, count=400, mode="greedy")
+    seeded.start_request(greedy=True)
+    assert seeded.rate("d", "t") - seeded.cautious("d", "t") == pytest.approx(fresh_gap, abs=0.01)

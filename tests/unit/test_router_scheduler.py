@@ -328,3 +328,74 @@ def test_probes_a_draft_left_after_one_bad_block_under_a_slow_target():
     # Never pays: the first block's loss (~1.6 s, 1.2% of the run), the probes (budget 3%)
     # and a return or two as the estimate goes stale. Measured: 4.9% over the target alone.
     assert per_token <= 1.06 * measured[1]
+
+
+def _thin_margin_pair(noise):
+    """llama.cpp-like costs where a draft at greedy acceptance 0.8 pays 8% at draft length 1
+    (past the hysteresis) and loses below ~0.66; noise 0.5 makes it agree 0.80 here."""
+    target = SyntheticBackend("t", vocab=16, latency=lambda n: 0.060 + 0.038 * (n - 1), params_b=7)
+    draft = SyntheticBackend("d", vocab=16, model_seed=2, noise=noise, latency=lambda n: 0.002 * n, params_b=1)
+    router = seeded_router(target, [draft], {("d", "t"): 0.8})
+    return target, draft, router
+
+
+def test_a_thin_margin_is_trusted_only_once_the_request_confirms_it():
+    """The global estimate says 0.8 (count 1000), but a new request's rate is known only
+    roughly: at 0.8 minus one standard error the draft loses, so it does not start as the
+    choice; it runs as a probe (the estimate says it pays), and once the request's own
+    blocks agree it is chosen for sure and kept."""
+    target, draft, router = _thin_margin_pair(noise=0.5)
+    first = router.choose(len(PROMPT), 1000, caught_up(router), PROMPT)
+    decision = router.decisions[0]
+    assert first.names == ["d", "t"] and decision.reason == "probe"
+    assert not next(c for c in decision.candidates if c.spec.names == ("d", "t")).sure
+    router.start(GREEDY)
+    _, result = seconds_per_token(router, [target, draft], GREEDY, 300, seed=1)
+    used = [result.chains_used[i][0] for i in result.chains_per_cycle]
+    sure = next(d for d in result.decisions if d["reason"] in ("start", "switch") and "d" in d["chosen"])
+    assert sure["cycle"] <= 20, sure["cycle"]
+    assert sum("d" in names for names in used[sure["cycle"]:]) >= 0.95 * len(used[sure["cycle"]:])
+
+
+def test_a_thin_margin_that_the_request_does_not_confirm_costs_at_most_the_probe_budget():
+    """Same estimate, but this request's text makes the draft disagree (noise 40: it never
+    agrees): what its probes cost beyond the target alone stays within the budget."""
+    target, draft, router = _thin_margin_pair(noise=40.0)
+    per_token, result = seconds_per_token(router, [target, draft], GREEDY, 300, seed=1)
+    assert per_token <= (1 + MAX_RETRY_COST) * target.latency(1), per_token / target.latency(1)
+    drafted = [d for d in result.decisions if "d ->" in d["chosen"]]
+    assert drafted and all(d["reason"] == "probe" for d in drafted)  # never chosen: it was never sure
+
+
+def test_the_router_learns_the_python_work_per_row_apart_from_the_forwards(monkeypatch):
+    """Rows (warp, sample, verify) are timed on their own: the cost per row is learnt per
+    kind of sampling, and the overhead per forward is what is left (nothing, here)."""
+    from specrouter.cascade.chain import CycleRunner
+
+    target, _, small = family()
+    original = CycleRunner._dist
+
+    def dist(self, row):
+        target.simulated_seconds += 0.002
+        return original(self, row)
+
+    monkeypatch.setattr(CycleRunner, "_dist", dist)
+    router = make_router(target, [small], use_ngram=False)
+    seconds_per_token(router, [target, small], SAMPLED, 100)
+    assert router.costs.row_seconds("sampled") == pytest.approx(0.002)
+    assert router.costs.row_seconds("greedy") == 0.0  # never observed: another kind of row
+    assert router.costs.overhead_per_forward == pytest.approx(0.0, abs=1e-12)
+    assert router.decisions[-1].inputs["row_ms"] == pytest.approx(2.0)  # what --explain shows
+
+
+def test_ngram_chains_under_the_target_are_never_probed():
+    """The n-gram's acceptance under the target is scored in the shadow of every cycle with a
+    match, so running its chain teaches nothing: with no estimate at all yet (prior 0.4, no
+    count) no cycle probes it, and the shadow scores grow all the same."""
+    costs = {1: 0.060, 2: 0.095, 3: 0.127, 4: 0.134, 6: 0.2, 8: 0.33, 12: 0.5, 16: 0.6, 24: 0.9, 32: 1.2}
+    target = SyntheticBackend("t", vocab=8, latency=lambda n: float(np.interp(n, list(costs), list(costs.values()))),
+                              params_b=1.5)
+    router = make_router(target, [], use_ngram=True)
+    _, result = seconds_per_token(router, [target], GREEDY, 100, prompt=[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3])
+    assert not [d for d in result.decisions if d["reason"] == "probe"]
+    assert sum(router.acceptance.count(ngram_key(n), "t") for n in range(1, 5)) >= 50
