@@ -196,11 +196,12 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     }
 
 
-def write_report(result: dict, out: Path) -> None:
-    """JSON first (the measurements survive a failing plot), then plots and markdown."""
+def write_report(result: dict, out: Path, stem: str | None = None) -> None:
+    """JSON first (the measurements survive a failing plot), then plots and markdown.
+    Files are named `stem`, by default router[-auto]-<date>."""
     out.mkdir(parents=True, exist_ok=True)
     kind = "router-auto" if result["settings"].get("auto_only") else "router"
-    stem = f"{kind}-{result['machine']['date'][:10]}"
+    stem = stem or f"{kind}-{result['machine']['date'][:10]}"
     json_file = out / f"{stem}.json"
     json_file.write_text(json.dumps(result, indent=1, default=str))
     result["plots"] = write_plots(result, out, stem)
@@ -213,12 +214,13 @@ def write_report(result: dict, out: Path) -> None:
 def main() -> None:
     parser = benchmark_parser(__doc__, RESULTS)
     parser.add_argument("--auto-only", action="store_true", help="only the target alone and auto (no sweep, no static chains)")
+    parser.add_argument("--stem", help="name of the result files (default: router[-auto]-<date>), e.g. to keep two runs of a day")
     args = parser.parse_args()
     if args.render is not None:
         result = json.loads(args.render.read_text())
     else:
         result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.auto_only)
-    write_report(result, args.out)
+    write_report(result, args.out, args.stem)
 
 
 if __name__ == "__main__":

@@ -356,8 +356,8 @@ class Router:
         # Chains run in size order, so a proposer is always smaller than its verifier.
         models = [n for n in self.names if n != NGRAM_NAME]
         pairs = [*itertools.combinations(models, 2), *((k, m) for k in self._ngram_keys for m in models)]
-        rates = {(j, i): self._rate(j, i) for j, i in pairs}
         names = self._estimate_names()
+        rates = {(j, i): self.acceptance.rate(j, i, names) for j, i in pairs}
         cautious = {(j, i): self.acceptance.cautious(j, i, names, CAUTION_Z) for j, i in pairs}
         optimistic, stale = {}, set()
         for j, i in pairs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from specrouter.backends.synthetic import SyntheticBackend
-from specrouter.cascade.chain import Chain
+from specrouter.cascade.chain import Chain, CycleRunner
 from specrouter.engine import generate
 from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts, Router, profile_model
 from specrouter.router.scheduler import DRAFT_GRID
@@ -45,6 +45,17 @@ def seconds_per_token(chain_or_router, models, params, max_tokens, seed=0, promp
     before = clock()
     result = generate(chain_or_router, prompt, params, max_tokens, rng=np.random.default_rng(seed), clock=clock)
     return (clock() - before) / len(result.token_ids), result
+
+
+def rows_cost_simulated_time(monkeypatch, model, seconds_per_row):
+    """Every logits row the cascade warps charges `model`'s simulated clock (Python work)."""
+    original = CycleRunner._dist
+
+    def dist(self, row):
+        model.simulated_seconds += seconds_per_row
+        return original(self, row)
+
+    monkeypatch.setattr(CycleRunner, "_dist", dist)
 
 
 def static_chains(by_name: dict, names_list, grid=DRAFT_GRID):

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from specrouter.backends.ngram import NgramDrafter
-from specrouter.cascade.chain import Chain, CycleRunner
+from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
 from specrouter.router.acceptance import AcceptanceEstimator, pair_score, position_scores
 from specrouter.router.predictor import ChainSpec, closed_form_two_level, expected_tokens, predict
 
-from .router_synth import PROMPT, ScriptedRouter, family, simulated_clock
+from .router_synth import PROMPT, ScriptedRouter, family, rows_cost_simulated_time, simulated_clock
 
 
 def test_expected_tokens_per_block():
@@ -68,13 +68,9 @@ class _Observer(ScriptedRouter):
         return float(np.mean(self.fills[(proposer, verifier)]))
 
 
-@pytest.mark.parametrize(("levels", "lengths"), [
-    ("small", [4]), ("mid", [6]), ("small,mid", [2, 4]), ("ngram,small,mid", [2, 2, 3]), ("ngram,small", [2, 5]),
-])
-def test_prediction_matches_simulated_time_per_token(levels, lengths):
-    """Under sampling, the prediction from measured acceptance is within 10% of what the
-    synthetic models' simulated clocks show (the i.i.d. model is an approximation)."""
-    target, mid, small = family()
+def _simulated_run(levels: str, lengths: list[int], target, mid, small):
+    """Sampled generation over a fixed chain: the observer (plain-mean acceptance), the
+    simulated seconds per token, the chain's spec and the models' costs as the predictor takes them."""
     by_name = {"ngram": NgramDrafter(), "small": small, "mid": mid}
     chain = Chain([by_name[n] for n in levels.split(",")] + [target], lengths)
     observer = _Observer(target, chain, greedy=False)
@@ -82,23 +78,19 @@ def test_prediction_matches_simulated_time_per_token(levels, lengths):
     clock = simulated_clock(models)
     before = clock()
     r = generate(observer, PROMPT, SamplingParams(temperature=1.0), 1500, rng=np.random.default_rng(1), clock=clock)
-    measured = (clock() - before) / len(r.token_ids)
     costs = {m.name: m.latency for m in models}
-    predicted = predict(ChainSpec(tuple(chain.names), tuple(lengths)),
-                        lambda name, n: 0.0 if name == "ngram" else costs[name](n),
-                        observer.rate, observer.fill).seconds_per_token
-    assert predicted == pytest.approx(measured, rel=0.10)
+    cost = lambda name, n: 0.0 if name == "ngram" else costs[name](n)  # noqa: E731
+    return observer, (clock() - before) / len(r.token_ids), ChainSpec(tuple(chain.names), tuple(lengths)), cost
 
 
-def _rows_cost_simulated_time(monkeypatch, model, seconds_per_row):
-    """Every logits row the cascade warps charges `model`'s simulated clock (Python work)."""
-    original = CycleRunner._dist
-
-    def dist(self, row):
-        model.simulated_seconds += seconds_per_row
-        return original(self, row)
-
-    monkeypatch.setattr(CycleRunner, "_dist", dist)
+@pytest.mark.parametrize(("levels", "lengths"), [
+    ("small", [4]), ("mid", [6]), ("small,mid", [2, 4]), ("ngram,small,mid", [2, 2, 3]), ("ngram,small", [2, 5]),
+])
+def test_prediction_matches_simulated_time_per_token(levels, lengths):
+    """Under sampling, the prediction from measured acceptance is within 10% of what the
+    synthetic models' simulated clocks show (the i.i.d. model is an approximation)."""
+    observer, measured, spec, cost = _simulated_run(levels, lengths, *family())
+    assert predict(spec, cost, observer.rate, observer.fill).seconds_per_token == pytest.approx(measured, rel=0.10)
 
 
 @pytest.mark.parametrize(("levels", "lengths"), [("small", [4]), ("ngram", [3]), ("ngram,small,mid", [2, 2, 3])])
@@ -107,18 +99,8 @@ def test_prediction_counts_the_python_work_per_logits_row(monkeypatch, levels, l
     the prediction with that row cost matches the simulated time as closely as without
     rows, and one that leaves the rows out is more than 10% off."""
     target, mid, small = family()
-    _rows_cost_simulated_time(monkeypatch, target, 0.003)
-    by_name = {"ngram": NgramDrafter(), "small": small, "mid": mid}
-    chain = Chain([by_name[n] for n in levels.split(",")] + [target], lengths)
-    observer = _Observer(target, chain, greedy=False)
-    models = [target, mid, small]
-    clock = simulated_clock(models)
-    before = clock()
-    r = generate(observer, PROMPT, SamplingParams(temperature=1.0), 1500, rng=np.random.default_rng(1), clock=clock)
-    measured = (clock() - before) / len(r.token_ids)
-    costs = {m.name: m.latency for m in models}
-    cost = lambda name, n: 0.0 if name == "ngram" else costs[name](n)  # noqa: E731
-    spec = ChainSpec(tuple(chain.names), tuple(lengths))
+    rows_cost_simulated_time(monkeypatch, target, 0.003)
+    observer, measured, spec, cost = _simulated_run(levels, lengths, target, mid, small)
     assert predict(spec, cost, observer.rate, observer.fill, row=0.003).seconds_per_token == pytest.approx(measured, rel=0.10)
     assert predict(spec, cost, observer.rate, observer.fill).seconds_per_token < 0.9 * measured
     assert predict(ChainSpec(("target",)), cost, observer.rate, row=0.003).seconds_per_token == pytest.approx(

@@ -13,8 +13,8 @@ from specrouter.router.predictor import ChainSpec, closed_form_two_level, predic
 from specrouter.router.acceptance import STALE_HALF_LIFE
 from specrouter.router.scheduler import DRAFT_GRID, build_router, ngram_key
 
-from .router_synth import (PROMPT, family, linear, make_router, profiled, seconds_per_token,
-                           static_chains)
+from .router_synth import (PROMPT, family, linear, make_router, profiled, rows_cost_simulated_time,
+                           seconds_per_token, static_chains)
 
 SAMPLED = SamplingParams(temperature=1.0)
 GREEDY = SamplingParams()
@@ -370,16 +370,8 @@ def test_a_thin_margin_that_the_request_does_not_confirm_costs_at_most_the_probe
 def test_the_router_learns_the_python_work_per_row_apart_from_the_forwards(monkeypatch):
     """Rows (warp, sample, verify) are timed on their own: the cost per row is learnt per
     kind of sampling, and the overhead per forward is what is left (nothing, here)."""
-    from specrouter.cascade.chain import CycleRunner
-
     target, _, small = family()
-    original = CycleRunner._dist
-
-    def dist(self, row):
-        target.simulated_seconds += 0.002
-        return original(self, row)
-
-    monkeypatch.setattr(CycleRunner, "_dist", dist)
+    rows_cost_simulated_time(monkeypatch, target, 0.002)
     router = make_router(target, [small], use_ngram=False)
     seconds_per_token(router, [target, small], SAMPLED, 100)
     assert router.costs.row_seconds("sampled") == pytest.approx(0.002)
