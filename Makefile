@@ -61,7 +61,7 @@ test: torch-models bench-data
 test-fast: setup
 	$(BIN)/python -m pytest -n 2 -m "not real and not slow" tests
 
-# The router benchmark (an estimated 90 minutes on 2 idle cores): report and plots in benchmarks/results/.
+# The router benchmark (65 to 80 minutes on 2 idle cores): report and plots in benchmarks/results/
 bench: models bench-data bench-deps
 	$(BIN)/python -m benchmarks.chains
 

@@ -44,16 +44,18 @@ that sent the pair out: one bad block of an fp32 target's 16-token drafts, then 
 text, is taken up again at the first probe. Pairs observed every cycle (the n-gram in
 the shadow) never age.
 
-How sure an estimate is (cautious, the rate the scheduler's guard against the winner's
-curse uses) follows the same shrinkage model: SHRINK says the request's own rate scatters
-around the global one like the mean of SHRINK scores, so with score variance s2 its prior
-variance is s2 / SHRINK + s2 / n_global, and n_request own scores make the posterior
-variance 1 / (1 / prior + n_request / s2). The counts are the EMAs' effective sample sizes
-(an EMA of step alpha averages ~(2 - alpha) / alpha scores), so a request never looks
-surer than ~19 own positions make it; s2 is the global estimate's tracked score variance,
-at most that of 0/1 scores (Laplace-smoothed while there are few). The global mean itself
-is weighed against the prior by PRIOR_WEIGHT scores there: a class of n-gram matches seen
-twice, right twice, is not yet a rate of 1.
+How noisy an estimate is (cautious: the rate the scheduler's guard against the winner's
+curse uses, rate() less one standard error; bold, rate() plus one, what a running chain
+must lose at before it is left): the rate is a weighted mean of two
+independent estimates, so with score variance s2 its sampling variance is
+s2 (w^2 / n_request + (1 - w)^2 / n_global), w the request's shrinkage weight and the n
+the EMAs' effective sample sizes (an EMA of step alpha averages ~(2 - alpha) / alpha
+scores: a request's own estimate never counts more than ~19 positions, which is what
+lets it follow the text). s2 is the global estimate's tracked score variance, at most
+that of 0/1 scores (Laplace-smoothed while there are few), and the global mean is
+weighed against the prior by PRIOR_WEIGHT scores there: a class of n-gram matches seen
+twice, right twice, is not yet a rate of 1. Picking the argmin over noisy estimates
+favours those that are high by chance; a guard at one standard error undoes most of it.
 
 Pairs never observed get a prior: the triangle inequality of TV gives
 a_ik >= a_ij + a_jk - 1 through any model j observed with both (it also holds for
@@ -107,15 +109,16 @@ class Estimate:
     With `detect`, a change is followed at once: when the mean of the last WINDOW scores
     departs by more than 3 standard errors from the EMA as it stood before them (not as it
     stands after, which they already pulled toward themselves: a drop from 0.7 to 0 was
-    never detected that way, one score a cycle), the EMA restarts from that window. The
-    variance is tracked slowly, so a change does not hide itself. A draft that stops
-    agreeing with its verifier (other text, another model) is seen in WINDOW scores."""
+    never detected that way, one score a cycle), the EMA restarts from that window (its
+    mean, and its count). The variance is tracked slowly, so a change does not hide
+    itself. A draft that stops agreeing with its verifier (other text, another model) is
+    seen in WINDOW scores."""
 
     mean: float = 0.0
     count: float = 0.0
     var: float = 0.0
     recent: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
-    seen_at: float = 0.0  # the estimator's position (committed tokens) at the last update
+    seen_at: float = 0.0  # the estimator's position (committed tokens) after the cycle of the last update
     returns: int = 0  # times observed again after sitting out while below the global estimate
 
     def weight_at(self, position: float) -> float:
@@ -137,7 +140,11 @@ class Estimate:
                 window = sum(score for score, _ in self.recent) / WINDOW
                 reference = self.recent[0][1]  # the EMA before the window's first score
                 if abs(window - reference) > max(MIN_JUMP, 3.0 * math.sqrt(self.var / WINDOW)):
-                    self.mean = window
+                    # Restart from the window: its WINDOW scores are all that describe the new
+                    # text, so they weigh as WINDOW scores (kept at the old count, six 0/1
+                    # scores outweighed the global estimate 3:1, and one unlucky pair of
+                    # short blocks sent a paying fp32 chain out for the rest of the request).
+                    self.mean, self.count = window, float(WINDOW)
                     self.recent.clear()
 
 
@@ -180,6 +187,7 @@ class AcceptanceEstimator:
         self.request: dict[tuple[str, str], Estimate] = {}
         self.fill_: dict[tuple[str, str], Estimate] = {}  # proposals given / asked, per pair
         self.position = 0.0  # tokens committed in this request: the clock of staleness
+        self._observed: set[tuple[str, str]] = set()  # request pairs observed since the last advance
 
     def view(self) -> AcceptanceEstimator:
         """An estimator for one of several concurrent requests: its own per-request estimates
@@ -187,16 +195,26 @@ class AcceptanceEstimator:
         twin = copy.copy(self)
         twin.request = {}
         twin.position = 0.0
+        twin._observed = set()
         return twin
 
     def start_request(self, greedy: bool) -> None:
         self.mode = "greedy" if greedy else "sampled"
         self.request.clear()
         self.position = 0.0
+        self._observed.clear()
 
     def advance(self, committed: int) -> None:
-        """The request committed this many tokens (ages the per-request estimates)."""
+        """The request committed this many tokens (ages the per-request estimates). The pairs
+        observed in the cycle that committed them are as fresh as its end: staleness counts the
+        tokens of cycles a pair sat out (counted from its last observation, a pair that ran
+        in every cycle of 16-token blocks looked as if it had sat out 13 tokens every cycle,
+        which aged it and set the probes' backoff, two cycles into a request)."""
         self.position += committed
+        for key in self._observed:
+            if key in self.request:
+                self.request[key].seen_at = self.position
+        self._observed.clear()
 
     # Observations ----------------------------------------------------------------
     def observe(self, proposer: str, verifier: str, proposals, q, p, requested: int, n_accepted: int) -> None:
@@ -218,6 +236,7 @@ class AcceptanceEstimator:
             r.count = r.weight_at(self.position)
             r.returns += 1
         r.seen_at = self.position
+        self._observed.add((proposer, verifier))
         for s in scores:
             g.update(s, ALPHA_GLOBAL)
             r.update(s, ALPHA_REQUEST, detect=True)
@@ -249,30 +268,37 @@ class AcceptanceEstimator:
         return w * r.mean + (1 - w) * base
 
     def cautious(self, proposer: str, verifier: str, names: Sequence[str] = (), z: float = 1.0) -> float:
-        """A rate the pair reaches with ~84% confidence at z = 1: rate() z standard errors down,
-        with the global mean weighed against the prior by PRIOR_WEIGHT scores (two lucky
-        scores are no evidence); 0 with no global data (a prior is a guess, not a
-        measurement). See the module docstring."""
+        """rate() less z times its noise (see the module docstring), with the global mean
+        weighed against the prior by PRIOR_WEIGHT scores (two lucky scores are no
+        evidence); 0 with no global data (a prior is a guess, not a measurement)."""
+        shifted = self._shifted(proposer, verifier, names, -z)
+        return 0.0 if shifted is None else shifted
+
+    def bold(self, proposer: str, verifier: str, names: Sequence[str] = (), z: float = 1.0) -> float:
+        """rate() plus z times its noise: the mirror of cautious(), what the scheduler's guard
+        needs before it leaves a chain (it must lose even at this rate); rate() with no data."""
+        shifted = self._shifted(proposer, verifier, names, z)
+        return self.rate(proposer, verifier, names) if shifted is None else shifted
+
+    def _shifted(self, proposer: str, verifier: str, names: Sequence[str], z: float) -> float | None:
         g = self.global_.get((self.mode, proposer, verifier))
         if g is None or not g.count:
-            return 0.0
-        n_global = min(g.count, _effective_count(ALPHA_GLOBAL))
-        base = (g.mean * n_global + self.prior(proposer, verifier, names) * PRIOR_WEIGHT) / (n_global + PRIOR_WEIGHT)
+            return None
+        n_global = min(g.count, _effective_count(ALPHA_GLOBAL)) + PRIOR_WEIGHT
+        base = (g.mean * (n_global - PRIOR_WEIGHT) + self.prior(proposer, verifier, names) * PRIOR_WEIGHT) / n_global
         r = self.request.get((proposer, verifier))
         n = r.weight_at(self.position) if r is not None else 0.0
         w = n / (n + self.shrink)
         a = w * r.mean + (1 - w) * base if n else base
-        n_request = min(n, _effective_count(ALPHA_REQUEST))
+        n_request = max(min(n, _effective_count(ALPHA_REQUEST)), 1e-9)
         # Score variance: of 0/1 scores of mean a, Laplace-smoothed (a = 1 from two scores
         # must not look certain); the tracked variance once there are enough scores.
-        smoothed = (a * (n_global + n_request) + 1) / (n_global + n_request + 2)
+        smoothed = (a * n_global + 1) / (n_global + 2)
         var = smoothed * (1 - smoothed)
         if g.count >= MIN_VARIANCE_COUNT:
             var = min(var, g.var)
-        if var <= 0:
-            return a
-        prior = var / self.shrink + var / (n_global + PRIOR_WEIGHT)
-        return max(0.0, a - z * math.sqrt(1.0 / (1.0 / prior + n_request / var)))
+        noise = var * (w * w / n_request + (1 - w) ** 2 / n_global)
+        return min(1.0, max(0.0, a + z * math.sqrt(noise)))
 
     def stale_low(self, proposer: str, verifier: str) -> float | None:
         """The global estimate, when this request's own estimate sits below it and was not

@@ -28,12 +28,12 @@ costs nothing (the n-gram has no cache), so hysteresis applies between families 
 
 Caution: a chain other than the target alone is moved to only if it beats the target
 alone with every acceptance CAUTION_Z standard errors below its estimate (the
-estimator's cautious rate: a new request's rate is known only roughly until its own
-text has been scored, and a pair seen a few times not at all); it is kept while its
-estimate beats the target alone. Picking the argmin of noisy estimates favours the
-chains whose estimates are high by chance, and on a CPU where verifying k tokens costs
-nearly k forwards, a gain of a few percent at best, that bias alone made auto slower
-than the target alone.
+estimator's cautious rate: a request's own estimate remembers ~19 positions, and a pair
+seen a few times is barely known); it is kept until it loses to the target alone even
+with every acceptance CAUTION_Z standard errors above its estimate (the bold rate).
+Picking the argmin of noisy estimates favours the chains whose estimates are
+high by chance, and on a CPU where verifying k tokens costs nearly k forwards, a gain of
+a few percent at best, that bias alone made auto slower than the target alone.
 
 Exploration: a chain whose pairs are barely observed is probed for one cycle when its
 optimistic prediction (acceptance + EXPLORE_BONUS / sqrt(count + 1)) would beat the
@@ -43,13 +43,13 @@ own estimate only drifts back as it goes stale, which with an fp32 target at 0.7
 token took ~100 tokens while the chain would have run 1.7x faster), and a chain that
 beats the choice on its estimate but not for sure (its probes are the own data that
 make it sure, or show it is not). After a probe the next choice is re-planned at once.
-Probes run only while their measured net extra time stays within EXPLORE_FRACTION of
+Probes run only while their measured extra time stays within EXPLORE_FRACTION of
 generation time (elapsed plus expected remaining). The cap is what keeps `auto` within
 a few percent of the best static choice when nothing pays; the optimism is what lets it
 find a draft that does pay, and a chain that cannot win even optimistically is never
 probed (on a CPU where drafting loses, nothing is). A probe's cost is counted, not
 guessed: its cycle's time minus what the chosen chain would have spent on the same
-tokens, negative when the probe did better (so the budget bounds the probes' regret).
+tokens (nothing when the probe did better).
 Any chain choice made before a cycle keeps the output exact
 (each cycle emits tokens distributed as the target's, whatever chain produced them).
 """
@@ -88,7 +88,6 @@ FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length gri
 COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
 PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 tolerances at once
 HORIZON = 256  # tokens over which a catch-up cost is amortised at most
-HOPELESS = 1.1  # a chain predicted this much slower than the target alone keeps its lengths until a full search
 MAX_EXHAUSTIVE = 100  # 2-level chains: the whole grid; deeper ones by coordinate descent (a full plan costs ~15 ms, not ~90)
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
 
@@ -123,6 +122,7 @@ class Scored:
     score: float = 0.0  # seconds per token, catch-up amortised
     cautious: float | None = None  # the score at the cautious acceptance (None: not computed)
     sure: bool = True  # beats the target alone even at the cautious acceptance
+    holds: bool = False  # the current chain, still beating the target alone at the bold acceptance
 
     def as_dict(self) -> dict:
         return {"chain": list(self.spec.names), "draft_lengths": list(self.spec.draft_lengths),
@@ -289,7 +289,7 @@ class Router:
         memo = plan["memo"].setdefault((table, cls), {})  # the predictor's, per table and class
         done = plan["predictions"].get((table, cls, spec, room))  # a cycle asks again what others did
         if done is None:
-            rates = plan[table]  # "rates", "optimistic" (probes) or "cautious" (the guard)
+            rates = plan[table]  # "rates", "optimistic" (probes), "cautious" or "bold" (the guard)
             key = self._key
             done = plan["predictions"][(table, cls, spec, room)] = predict(
                 spec, plan["cost"], lambda j, i: rates[(key(j, cls), i)],
@@ -359,6 +359,7 @@ class Router:
         names = self._estimate_names()
         rates = {(j, i): self.acceptance.rate(j, i, names) for j, i in pairs}
         cautious = {(j, i): self.acceptance.cautious(j, i, names, CAUTION_Z) for j, i in pairs}
+        bold = {(j, i): self.acceptance.bold(j, i, names, CAUTION_Z) for j, i in pairs}
         optimistic, stale = {}, set()
         for j, i in pairs:
             bonus = rates[(j, i)] + EXPLORE_BONUS / math.sqrt(self.acceptance.count(j, i) + 1)
@@ -366,12 +367,12 @@ class Router:
             if low is not None:
                 stale.add((j, i))
             optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
-        return {"rates": rates, "optimistic": optimistic, "cautious": cautious, "stale": stale,
+        return {"rates": rates, "optimistic": optimistic, "cautious": cautious, "bold": bold, "stale": stale,
                 "fills": {(j, i): self.acceptance.fill(j, i) for j, i in pairs},
                 "costs": self.costs.snapshot(), "row": self.costs.row_seconds(self._row_kind),
                 "room": min(room, max(self.grid) + 1), "batch": self.batch_size}
 
-    _PAIR_TABLES = (("rates", RATE_TOLERANCE), ("cautious", RATE_TOLERANCE), ("fills", 0.1))
+    _PAIR_TABLES = (("rates", RATE_TOLERANCE), ("cautious", RATE_TOLERANCE), ("bold", RATE_TOLERANCE), ("fills", 0.1))
 
     def _move(self, old: dict | None, new: dict) -> tuple[float, dict[str, float]]:
         """How far the inputs moved since they were planned with, in tolerances (>= 1: enough
@@ -454,7 +455,7 @@ class Router:
         plan["optimistic"].update((pair, v) for pair, v in inputs["optimistic"].items() if pair[0] == cls)
         plan["stale"].difference_update({pair for pair in plan["stale"] if pair[0] == cls})
         plan["stale"].update(pair for pair in inputs["stale"] if pair[0] == cls)
-        for table in ("rates", "optimistic", "cautious"):
+        for table in ("rates", "optimistic", "cautious", "bold"):
             plan["memo"].pop((table, cls), None)
         plan["predictions"] = {k: v for k, v in plan["predictions"].items() if k[1] != cls}
         plan["rescore"].discard(cls)
@@ -467,16 +468,12 @@ class Router:
         """Best draft lengths per chain, and optimistic ones for chains with a barely observed
         pair; with `rescore`, the previous lengths predicted again where there are some."""
         r, full = self._plan["r"], self._plan["full"]
-        alone = self._predict(ChainSpec((self.target.name,)), room=r).seconds_per_token
 
         def plan(names, table, plans):
             if names in plans and not full:
                 spec = plans[names].spec
-                kept = Scored(spec, self._predict(spec, table, r, cls))
-                # Far behind the target alone, a local search cannot make it a winner: its
-                # lengths wait for the periodic full search (most plans were such searches).
-                if rescore or kept.prediction.seconds_per_token > HOPELESS * alone:
-                    return kept
+                if rescore:
+                    return Scored(spec, self._predict(spec, table, r, cls))
                 return self._best_lengths(names, table, r, spec.draft_lengths, cls)
             return self._best_lengths(names, table, r, None, cls)
 
@@ -558,7 +555,10 @@ class Router:
         chosen = best
         current = self._current_family(ranked, alone, position, room, cached)
         if current is not None:
-            if best.spec != current.spec and best.score < (1 - self.hysteresis) * current.score:
+            # The target alone replaces a chain that holds only once the chain loses for sure:
+            # the standard errors between the cautious and the bold rate are the hysteresis there.
+            leave = best.spec != current.spec and best.score < (1 - self.hysteresis) * current.score
+            if leave and not (current.holds and len(best.spec.names) == 1):
                 reason = "switch"
             else:
                 chosen, reason = current, "keep"
@@ -603,9 +603,13 @@ class Router:
         the target alone, or the other member of its family (with or without the n-gram
         level, at planned lengths; for sure, as any chain the router moves to) when that is
         better or the current one cannot run (an n-gram chain in a cycle without a match).
-        Caution to enter, the estimate to stay: the standard error between the two is the
-        hysteresis at the target alone's border, where a flat one would keep a chain that
-        loses by up to HYSTERESIS."""
+        Caution to enter, boldness to leave: the chain is kept while it beats the target alone
+        at the bold acceptance (CAUTION_Z standard errors above the estimate), and then
+        against the target alone without the flat hysteresis; the standard errors between
+        the two rates are the hysteresis at the target alone's border. Left at its estimate
+        (as before), one unlucky pair of short blocks under an fp32 target, whose blocks
+        keep 8 tokens, sent a chain that ran 1.7x faster out, and with it the only data that
+        could bring it back."""
         if self.current is None:
             return None
         family = _family(self.current.names)
@@ -614,7 +618,10 @@ class Router:
             r = room if room <= max(self.grid) else None
             prediction = self._predict(self.current, room=r, cls=self._ngram_key)
             kept = self._check_sure(self._score(Scored(self.current, prediction), position, room, cached), alone, room)
-            if len(self.current.names) == 1 or kept.score < alone.score:
+            if len(self.current.names) > 1:
+                bold = self._predict(self.current, "bold", r, self._ngram_key).seconds_per_token
+                kept.holds = bold + kept.catch_up_per_token < alone.score
+            if len(self.current.names) == 1 or kept.holds:
                 options.append(kept)
         return min(options, key=lambda s: s.score) if options else None
 
@@ -630,10 +637,16 @@ class Router:
         for scored in candidates:
             if scored.spec.names == chosen.spec.names or scored.score >= (1 - self.hysteresis) * chosen.score:
                 continue  # even optimism does not beat the current choice: nothing to learn
-            real = self._predict(scored.spec, room=r, cls=self._ngram_key)
-            extra = max(0.0, real.cycle_seconds - real.tokens_per_cycle * best_rate) + scored.catch_up
-            if extra <= budget:
-                options.append((scored.score, extra, scored))
+            # At its planned lengths, or where those cost more than the budget left, at the
+            # shortest (a 16-token block verified by an fp32 target on a CPU costs more than
+            # 3% of a first request; one token tells less, but it tells).
+            for spec in (scored.spec, ChainSpec(scored.spec.names, (1,) * len(scored.spec.draft_lengths))):
+                real = self._predict(spec, room=r, cls=self._ngram_key)
+                extra = max(0.0, real.cycle_seconds - real.tokens_per_cycle * best_rate) + scored.catch_up
+                if extra <= budget:
+                    probe = scored if spec == scored.spec else Scored(spec, real, scored.catch_up, scored.score)
+                    options.append((scored.score, extra, probe))
+                    break
         return min(options, key=lambda o: o[:2])[2] if options else None
 
     def _record(self, spec: ChainSpec, reason: str, position: int, ranked: list[Scored], probe: Scored | None = None) -> None:
@@ -717,9 +730,9 @@ class Router:
         self.elapsed += seconds
         if self._probe is not None:
             spec, best_rate = self._probe
-            # Net: a probe that beat the choice gives its gain back to the budget, so what the
-            # probes cost in all (their regret against the choice) stays within the budget.
-            self.probe_spent += (seconds - committed * best_rate) * self.batch_size
+            # A probe that did better than the choice refunds nothing: counted net, the gains of
+            # probing the one good chain paid for probing every other (seen with an fp32 target).
+            self.probe_spent += max(0.0, seconds - committed * best_rate) * self.batch_size
         if self._fwd_count and self.batch_size == 1:  # in a batch, a cycle also waits for other sequences' calls
             overhead = max(0.0, (seconds - self._fwd_seconds - self._rows_seconds) / self._fwd_count)
             self._overhead += 0.2 * (overhead - self._overhead)

@@ -156,7 +156,7 @@ def test_blocks_are_scored_up_to_their_first_rejection():
     assert position_scores([0, 1, 0], q, p, False, requested=3, n_accepted=1) == pytest.approx([1.0, 0.2])
 
 
-def test_the_cautious_rate_needs_evidence_and_grows_with_it():
+def test_the_cautious_rate_is_the_estimate_less_its_noise():
     est = AcceptanceEstimator()
     est.start_request(greedy=True)
     assert est.cautious("d", "t") == 0.0  # nothing observed: a prior is no evidence
@@ -164,15 +164,46 @@ def test_the_cautious_rate_needs_evidence_and_grows_with_it():
     assert est.rate("d", "t") == 1.0 and est.cautious("d", "t") < 0.6
     rng = np.random.default_rng(0)
     est.observe_scores("d", "t", list((rng.random(400) < 0.75).astype(float)))  # many, at 0.75
-    est.start_request(greedy=True)  # a new request: its own rate is known only roughly
-    fresh = est.cautious("d", "t")
-    fresh_gap = est.rate("d", "t") - fresh
-    assert 0.1 < fresh_gap < 0.2
+    est.start_request(greedy=True)  # a new request starts from the global estimate: ~200 scores' noise
+    fresh_gap = est.rate("d", "t") - est.cautious("d", "t")
+    assert 0.01 < fresh_gap < 0.05
     est.observe_scores("d", "t", list((rng.random(40) < 0.75).astype(float)))
-    confirmed = est.cautious("d", "t")
-    assert fresh < confirmed and est.rate("d", "t") - 0.1 < confirmed < est.rate("d", "t") - 0.05
-    # A persisted estimate (mean and count only) is as uncertain as 0/1 scores of its mean.
+    # The request's own estimate, which follows its text, remembers ~19 positions: noisier.
+    own_gap = est.rate("d", "t") - est.cautious("d", "t")
+    assert 0.06 < own_gap < 0.12
+    # A persisted estimate (mean and count only) is as noisy as 0/1 scores of its mean.
     seeded = AcceptanceEstimator()
     seeded.set_global("d", "t", 0.75, count=400, mode="greedy")
     seeded.start_request(greedy=True)
     assert seeded.rate("d", "t") - seeded.cautious("d", "t") == pytest.approx(fresh_gap, abs=0.01)
+    # The bold rate mirrors it: as far above the estimate (weighed against the prior) as the
+    # cautious one is below.
+    bold, cautious = seeded.bold("d", "t"), seeded.cautious("d", "t")
+    assert bold - seeded.rate("d", "t") > 0.01 and (bold + cautious) / 2 == pytest.approx(seeded.rate("d", "t"), abs=0.01)
+    assert AcceptanceEstimator().bold("d", "t") == AcceptanceEstimator().rate("d", "t")  # no data: the rate
+
+
+def test_a_detected_change_restarts_the_request_estimate_at_its_window_weight():
+    est = AcceptanceEstimator()
+    est.start_request(greedy=True)
+    est.observe_scores("d", "t", [1.0] * 30)
+    est.observe_scores("d", "t", [0.0] * 3)  # three misses: the window 1,1,1,0,0,0 departs
+    r = est.request[("d", "t")]
+    assert r.mean == 0.5 and r.count == 6.0  # restarted there, weighing as its six scores
+    est.observe_scores("d", "t", [0.0] * 3)
+    assert r.mean == pytest.approx(3 / 9) and r.count == 9.0  # then the plain mean of what followed
+    g = est.global_[("greedy", "d", "t")].mean
+    assert est.rate("d", "t") == pytest.approx(9 / 17 * 3 / 9 + 8 / 17 * g)
+
+
+def test_a_pair_that_runs_every_cycle_does_not_age_however_long_its_blocks():
+    est = AcceptanceEstimator()
+    est.start_request(greedy=True)
+    for _ in range(5):  # 16-token blocks: 13 committed tokens a cycle, more than STRETCH
+        est.observe_scores("d", "t", [1.0] * 12 + [0.0])
+        est.advance(13)
+    r = est.request[("d", "t")]
+    assert r.returns == 0 and r.weight_at(est.position) == r.count
+    est.advance(32)  # then it sits out 32 tokens: half its weight (STALE_HALF_LIFE)
+    assert r.weight_at(est.position) == pytest.approx(r.count / 2)
+
