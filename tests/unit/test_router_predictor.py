@@ -206,4 +206,3 @@ def test_a_pair_that_runs_every_cycle_does_not_age_however_long_its_blocks():
     assert r.returns == 0 and r.weight_at(est.position) == r.count
     est.advance(32)  # then it sits out 32 tokens: half its weight (STALE_HALF_LIFE)
     assert r.weight_at(est.position) == pytest.approx(r.count / 2)
-
