@@ -51,11 +51,11 @@ CHAINS = {TORCH_CHAIN: [TORCH_DRAFT, TARGET], **MIXED}
 # A q4 draft token costs a few % of an fp32 forward, a torch fp32 0.5B one about a third:
 # the q4 chains get longer drafts to choose from. Kept small: a sweep run costs ~20 s here.
 # The fp32 target verifies 16 tokens for about what 3 cost on an EPYC (profile below),
-# so the q4 chains are swept up to 16, as far as the router's own grid goes; on a Xeon
+# so the q4 chain is swept up to 24, as far as the router's own grid goes; on a Xeon
 # 3 cost 40% of 17 and auto mostly ran 2-token q4 drafts, so 2 is swept too.
 GRID = {
     TORCH_CHAIN: [(2,), (4,)],
-    "0.5B q4 -> 1.5B fp32": [(2,), (4,), (8,), (16,)],
+    "0.5B q4 -> 1.5B fp32": [(2,), (4,), (8,), (16,), (24,)],
     "ngram -> 0.5B q4 -> 1.5B fp32": [(3, 8), (3, 16)],
 }
 ORACLE_KS = (4, 8, 16)

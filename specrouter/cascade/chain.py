@@ -10,6 +10,9 @@ Why intermediate levels truncate to exactly n tokens: the level above may treat 
 run of proposals as drawn from q only if whether position i exists does not depend
 on how token i itself was drawn. A fixed count (or stopping after EOS, which depends
 only on the tokens before) keeps that true; "stop after a correction" would not.
+A drafting model may also stop early on its own confidence (DraftStop): whether it
+drafts token i + 1 is decided from its confidences in tokens 1..i, which are drawn
+before position i + 1 exists, so that too keeps the output exact.
 """
 
 from __future__ import annotations
@@ -48,6 +51,23 @@ class CycleObserver(Protocol):
                   n_accepted: int, requested: int) -> None:
         """`verifier` checked `proposals` (of `requested`); q, p: per-position dists as the cascade
         keeps them (argmax ids under greedy, warped probabilities otherwise; q None for n-gram)."""
+
+
+class DraftStop(Protocol):
+    """Ends a model's draft before its length when going on no longer pays (the router's
+    rule). It sees the draft's confidence in each token so far: under greedy the top
+    probability of its distribution, under sampling the probability of the drawn token."""
+
+    def more(self, confidences: Sequence[float]) -> bool:
+        """Whether to draft one more token after these."""
+
+    def learn(self, confidences: Sequence[float], n_accepted: int) -> None:
+        """The verifier accepted the first n_accepted of the tokens with these confidences."""
+
+
+def confidence(row: np.ndarray) -> float:
+    """Top probability of the softmax of a logits row."""
+    return float(1.0 / np.exp(row - row.max()).sum())
 
 
 @dataclass
@@ -97,6 +117,8 @@ class Chain:
     levels: list[Level]
     draft_lengths: list[int]
     eos_ids: frozenset[int] = field(default_factory=frozenset)
+    #: Level 0, when a model, may end its drafts early by this rule (draft_lengths[0] is then a cap).
+    draft_stop: DraftStop | None = None
 
     def __post_init__(self) -> None:
         if not self.levels:
@@ -149,6 +171,8 @@ class CycleRunner:
         # Optional: only reports, never changes what is computed (exactness does not depend on it).
         self.observer = observer
         self.clock = clock  # a simulated clock in tests; wall time otherwise
+        # Level 0's last draft under a DraftStop: its confidences, and whether the rule ended it.
+        self._draft_end: tuple[list[float], bool] | None = None
 
     def cycle(self, context: Sequence[int], max_new: int) -> list[int]:
         """New tokens the target emits after `context` (1 .. max_new of them)."""
@@ -205,17 +229,25 @@ class CycleRunner:
             if self.observer is not None:
                 self.observer.on_forward(level.name, 0, seconds)
             return _cut_after_eos(tokens, self.chain.eos_ids), None
-        tokens, dists = [], []
+        stop = self.chain.draft_stop
+        tokens, dists, confidences, cut = [], [], [], False
         for _ in range(n):
             row = (yield from self._evaluate(0, context + tokens, 1))[0]
             start = self.clock()
             d = self._dist(row)
             token = d if self.params.greedy else sample(d, self.rng)
+            if stop is not None:
+                confidences.append(confidence(row) if self.params.greedy else float(d[token]))
             self._rows_done(0, 1, start)
             tokens.append(token)
             dists.append(d)
             if token in self.chain.eos_ids:
                 break
+            if stop is not None and len(tokens) < n and not stop.more(confidences):
+                cut = True
+                break
+        if stop is not None:
+            self._draft_end = (confidences, cut)
         return tokens, dists
 
     def _propose(self, i: int, context: list[int], n: int):
@@ -238,10 +270,12 @@ class CycleRunner:
     def _block(self, i: int, context: list[int], n_below: int):
         """Level i verifies up to n_below proposals from level i - 1 in one forward and
         returns the accepted ones plus its own next token, with its dist per token."""
+        self._draft_end = None
         if n_below > 0:
             proposals, q = yield from self._propose(i - 1, context, n_below)
         else:
             proposals, q = [], []
+        draft_end = self._draft_end if i == 1 else None
         rows = yield from self._evaluate(i, context + proposals, len(proposals) + 1)
         start = self.clock()
         p = [self._dist(row) for row in rows]
@@ -253,6 +287,11 @@ class CycleRunner:
         if i > 0:
             self.stats[i - 1].proposed += len(proposals)
             self.stats[i - 1].accepted += n_acc
+            if draft_end is not None:
+                confidences, cut = draft_end
+                self.chain.draft_stop.learn(confidences, n_acc)
+                if cut:  # a draft the rule ended asked for no more: its end is no rejection to score
+                    n_below = len(proposals)
             if self.observer is not None and n_below > 0:
                 self.observer.on_verify(self.chain.levels[i - 1].name, self.chain.levels[i].name,
                                         proposals, q, p, n_acc, n_below)

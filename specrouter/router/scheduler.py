@@ -50,6 +50,15 @@ find a draft that does pay, and a chain that cannot win even optimistically is n
 probed (on a CPU where drafting loses, nothing is). A probe's cost is counted, not
 guessed: its cycle's time minus what the chosen chain would have spent on the same
 tokens (nothing when the probe did better).
+
+Draft stop: a model drafting for the target alone ends its draft where its own confidence
+says that going on no longer pays (draft_stop.py: the chance that the block is still
+accepted, calibrated per confidence bin, against the profiled cost of drafting and
+verifying more), up to the grid's longest length. The chain is still chosen and scored
+at its planned length: the rule weighs every fixed continuation from where it stands
+(a rollout of the fixed lengths), so it does at least about as well as the planned one.
+A probe drafts its planned length: it is there to measure the pair.
+
 Any chain choice made before a cycle keeps the output exact
 (each cycle emits tokens distributed as the target's, whatever chain produced them).
 """
@@ -69,6 +78,7 @@ from specrouter.cascade.chain import Chain, Level
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator, pair_score
+from specrouter.router.draft_stop import ConfidenceStop
 from specrouter.router.predictor import ChainSpec, Prediction, predict
 from specrouter.router.profiler import OnlineCosts, row_kind
 
@@ -81,8 +91,9 @@ CAUTION_Z = 1.0
 CONFIDENT = 48  # positions after which a pair is no longer probed
 #: Draft lengths searched per level: every length to 8, then coarser. Long drafts pay when
 #: verifying n tokens costs about as much as one (an fp32 target on a CPU: flat from 3 to
-#: 16 tokens; any GPU); on llama.cpp q4 targets the search never goes past a few.
-DRAFT_GRID = (*range(1, 9), 10, 12, 16)
+#: 16 tokens; any GPU); on llama.cpp q4 targets the search never goes past a few. The
+#: longest is also the cap of a draft that stops on its confidence (draft_stop).
+DRAFT_GRID = (*range(1, 9), 10, 12, 16, 24)
 RATE_TOLERANCE = 0.04  # acceptance move that triggers a re-plan
 FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
 COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
@@ -167,6 +178,7 @@ class Router:
         hysteresis: float = HYSTERESIS,
         explore_fraction: float = EXPLORE_FRACTION,
         message: str | None = None,
+        confidence_stop: bool = True,
     ) -> None:
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
@@ -178,6 +190,9 @@ class Router:
         self.hysteresis, self.explore_fraction = hysteresis, explore_fraction
         self.message = message  # why the candidate set is what it is (e.g. no shared tokenizer)
         self.estimates_file: Path | None = None
+        #: A model drafting for the target alone ends its draft when its confidence says going on
+        #: no longer pays (draft_stop), at most max(grid) tokens on.
+        self.draft_stop = ConfidenceStop() if confidence_stop else None
         self._levels: dict[str, Level] = {m.name: m for m in self.models}
         if self.ngram:
             self._levels[NGRAM_NAME] = self.ngram
@@ -207,6 +222,8 @@ class Router:
         (decisions, plan, per-request acceptance), sharing the global estimates and costs."""
         twin = copy.copy(self)
         twin.acceptance = self.acceptance.view()
+        twin.draft_stop = self.draft_stop.session() if self.draft_stop else None
+        twin._chain_objs = {}  # a chain object carries this session's draft stop
         twin.decisions = []
         twin.start(SamplingParams())
         return twin
@@ -233,9 +250,12 @@ class Router:
             self.current = None
 
     def chain_for(self, spec: ChainSpec) -> Chain:
+        """The chain object that runs a spec: a draft that stops on its confidence runs with the
+        grid's longest length as its cap (draft_stop)."""
         chain = self._chain_objs.get(spec)
         if chain is None:
-            chain = self._chain_objs[spec] = Chain([self._levels[n] for n in spec.names], list(spec.draft_lengths))
+            lengths = [max(self.grid)] if self._stops(spec.names) else list(spec.draft_lengths)
+            chain = self._chain_objs[spec] = Chain([self._levels[n] for n in spec.names], lengths)
         return chain
 
     # Request lifecycle ----------------------------------------------------------------
@@ -577,12 +597,33 @@ class Router:
         if probe is not None:
             self._probe = (probe.spec, chosen.prediction.seconds_per_token)
             self._record(probe.spec, "probe", position, ranked, probe)
-            return self.chain_for(probe.spec)
+            return self._armed(probe, position, cached, stopping=False)
         self._probe = None
         if reason != "keep" or not self.decisions:
             self._record(chosen.spec, reason, position, ranked)
         self.current = chosen.spec
-        return self.chain_for(chosen.spec)
+        return self._armed(chosen, position, cached)
+
+    def _stops(self, names: Sequence[str]) -> bool:
+        """Whether the chain's draft ends on its confidence: a model drafting for the target."""
+        return self.draft_stop is not None and len(names) == 2 and names[0] != NGRAM_NAME
+
+    def _armed(self, scored: Scored, position: int, cached: Mapping[str, int], stopping: bool = True) -> Chain:
+        """The chain object of a choice, its draft stop set up for this cycle (draft_stop); a
+        probe (not `stopping`) drafts its planned length: it measures the pair."""
+        chain = self.chain_for(scored.spec)
+        if self._stops(scored.spec.names):
+            draft, target = scored.spec.names
+            cost, row = self._plan["cost"], self._plan["row"] * self.batch_size
+            # A target that feeds what it missed first (the prompt, in a request's first cycle)
+            # verifies the draft in the same forward: a longer draft then costs it little more.
+            behind = max(0, position - cached.get(target, 0) - 1)
+            cap = chain.draft_lengths[0] if stopping else scored.spec.draft_lengths[0]
+            self.draft_stop.configure((self.acceptance.mode, draft, target), self._rate(draft, target), cap,
+                                      scored.prediction.seconds_per_token, cost(draft, 1) + row,
+                                      lambda n: cost(target, behind + n) + n * row, stopping)
+            chain.draft_stop = self.draft_stop
+        return chain
 
     def _check_sure(self, s: Scored, alone: Scored, room: int) -> Scored:
         """Sets whether a chain beats the target alone even at the cautious acceptance (CAUTION_Z

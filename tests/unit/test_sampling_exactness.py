@@ -84,10 +84,23 @@ def goodness_of_fit(exact: dict, counts: dict, runs: int = RUNS) -> float:
     return chisquare(observed, expected).pvalue
 
 
+class BelowHalf:
+    """A draft stop that ends the draft after a token drawn with probability below 1/2: it
+    depends on the drawn token itself, which must not bias the output (chain docstring)."""
+
+    def more(self, confidences):
+        return confidences[-1] >= 0.5
+
+    def learn(self, confidences, n_accepted):
+        pass
+
+
 def chains():
     target, mid, small, tiny = make_models()
     return {
         "2-level": Chain([small, target], [3]),
+        "2-level-stop": Chain([small, target], [3], draft_stop=BelowHalf()),
+        "3-level-stop": Chain([small, mid, target], [3, 2], draft_stop=BelowHalf()),
         "3-level": Chain([small, mid, target], [2, 3]),
         "4-level": Chain([tiny, small, mid, target], [2, 2, 3]),
         "4-level-ngram": Chain([NgramDrafter(max_ngram=2), small, mid, target], [2, 2, 3]),
@@ -97,6 +110,8 @@ def chains():
 CASES = [
     ("2-level", SamplingParams(temperature=1.0)),
     ("2-level", SamplingParams(temperature=1.0, top_k=3, top_p=0.9)),
+    ("2-level-stop", SamplingParams(temperature=1.0)),
+    ("3-level-stop", SamplingParams(temperature=0.8, top_p=0.9)),
     ("3-level", SamplingParams(temperature=1.0, top_k=4)),
     ("3-level", SamplingParams(temperature=1.0, top_p=0.8)),
     ("4-level", SamplingParams(temperature=1.0)),

@@ -1,0 +1,102 @@
+"""When a drafting model should stop drafting: the router's DraftStop (cascade.chain).
+
+A draft length k is a bet on the average position; the draft's own confidence says where
+this block stands. Teacher-forced over 601 tokens of HumanEval and GSM8K, a q4 0.5B
+agreed with the fp32 1.5B's greedy choice at 40% of the positions where its top
+probability was below 0.5, 74% at 0.5-0.7 and 98% above 0.7; most rejections fall on
+its unconfident tokens. So after every drafted token the rule weighs drafting m more:
+
+    gain(m) = lam * R * (a + a^2 + ... + a^m) - (m * t_d + V(n + m + 1) - V(n + 1))
+
+R the chance that all n tokens drafted so far are accepted (the product of the
+calibrated acceptance of their confidences), a the pair's acceptance rate for tokens not
+drafted yet, t_d one draft forward, V(n) the verification of n tokens, lam the chain's
+seconds per token (what a committed token is worth: minimising cycle cost - lam * tokens
+minimises cost per token, Dinkelbach). It drafts on while some m <= cap - n gains.
+Every m is weighed, not only the next one: where verifying 3 tokens costs what 17 do
+(an fp32 target on a CPU), stopping at 2 saves no verification. Replayed on the greedy
+text of 10 HumanEval / GSM8K prompts (798 positions, the EPYC's fp32 costs,
+benchmarks/draft_stop_replay.py): fixed 16-token drafts 147 ms a token (8: 155, 24: 162),
+the rule 137 with a cap of 16 or 24 (median per prompt 1.04x and 1.06x the fixed 16).
+
+Calibration: the chance of acceptance per confidence bin, learnt from every verified
+block of the pair (positions up to the first rejection), starting from the bin's own
+confidence with PRIOR_COUNT pseudo-scores; bins are shared by all requests, EMAs that
+remember ~40 scores (ALPHA): a draft that was confidently wrong for a stretch must not
+cut its blocks for long after (they would teach a bin one score a cycle).
+A probe runs its planned length without stopping (`stopping=False`): it is there to
+measure the pair, and it teaches the calibration all the same.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+
+from specrouter.router.acceptance import Estimate
+
+#: Upper edges of the confidence bins (the last bin ends at 1).
+EDGES = (0.3, 0.5, 0.7, 0.9, 0.99)
+#: What each bin's calibration starts at: its middle confidence, weighing this many scores.
+CENTERS = (0.2, 0.4, 0.6, 0.8, 0.95, 0.995)
+PRIOR_COUNT = 4.0
+ALPHA = 0.05
+
+
+def confidence_bin(c: float) -> int:
+    return bisect.bisect_right(EDGES, c)
+
+
+class ConfidenceStop:
+    """The rule for one router session; `calibration` is shared by sessions (see module docstring)."""
+
+    def __init__(self, calibration: dict | None = None) -> None:
+        self.calibration: dict[tuple[str, ...], list[Estimate]] = {} if calibration is None else calibration
+        self.key: tuple[str, ...] = ()
+        self.rate, self.cap, self.worth, self.draft_seconds = 0.0, 0, 0.0, 0.0
+        self.stopping = True
+        self.verify: list[float] = []  # verify[n]: seconds to verify n tokens, n = 0..cap + 1
+
+    def session(self) -> ConfidenceStop:
+        return ConfidenceStop(self.calibration)
+
+    def configure(self, key: tuple[str, ...], rate: float, cap: int, worth: float, draft_seconds: float,
+                  verify_seconds: Callable[[int], float], stopping: bool = True) -> None:
+        """Before a cycle: the pair's (mode, draft, verifier), its acceptance rate, the draft length
+        (the cap), the chain's seconds per token, a draft forward's and a verification's costs;
+        without `stopping`, the draft runs to the cap (and the calibration still learns)."""
+        self.key, self.rate, self.cap, self.worth = key, rate, cap, worth
+        self.stopping = stopping
+        self.draft_seconds = draft_seconds
+        self.verify = [0.0] + [verify_seconds(n) for n in range(1, cap + 2)]
+
+    def _bins(self) -> list[Estimate]:
+        bins = self.calibration.get(self.key)
+        if bins is None:
+            bins = self.calibration[self.key] = [Estimate(c, PRIOR_COUNT, c * (1 - c)) for c in CENTERS]
+        return bins
+
+    def acceptance(self, c: float) -> float:
+        """Calibrated chance that a drafted token of confidence c is accepted."""
+        return self._bins()[confidence_bin(c)].mean
+
+    def more(self, confidences: Sequence[float]) -> bool:
+        n = len(confidences)
+        if n >= self.cap or not self.stopping:
+            return n < self.cap
+        reach = 1.0
+        for c in confidences:
+            reach *= self.acceptance(c)
+        tokens, v0 = 0.0, self.verify[n + 1]
+        step = reach
+        for m in range(1, self.cap - n + 1):
+            step *= self.rate
+            tokens += step
+            if self.worth * tokens > m * self.draft_seconds + self.verify[n + m + 1] - v0:
+                return True
+        return False
+
+    def learn(self, confidences: Sequence[float], n_accepted: int) -> None:
+        bins = self._bins()
+        for j, c in enumerate(confidences[: n_accepted + 1]):
+            bins[confidence_bin(c)].update(1.0 if j < n_accepted else 0.0, ALPHA)
