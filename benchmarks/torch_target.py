@@ -4,7 +4,7 @@ and under `--chain auto`, with the oracle ceiling of verification.
 
     python -m benchmarks.torch_target [--per-dataset 10] [--max-tokens 128]
                                       [--sweep-per-dataset 1] [--sweep-tokens 48]
-    python -m benchmarks.torch_target --resume benchmarks/results/torch-target-DATE.json
+    python -m benchmarks.torch_target --resume benchmarks/results/torch-target-DATE.json [--extend-to N]
 
 1. Sweep: every fixed chain on a small grid of draft lengths over a few prompts, greedy;
    the fastest lengths go on.
@@ -257,13 +257,15 @@ def verdicts(summary: dict[str, dict], runs: list[dict]) -> dict:
 
 
 def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, out: Path,
-        resume: dict | None = None) -> dict:
+        resume: dict | None = None, extend_to: int | None = None) -> dict:
     """The whole benchmark, or with `resume` (a saved, stopped result) the prompts it had not
     measured yet: same settings and swept draft lengths, costs profiled afresh, one part
-    more in `parts` (a run of ~8 min a prompt may not fit one sitting)."""
+    more in `parts` (a run of ~4-8 min a prompt may not fit one sitting); `extend_to` raises
+    the saved run's prompts per dataset (the next prompts of each set)."""
     started = time.perf_counter()
     phases = {}
     if resume is not None:
+        resume = extended(resume, extend_to)
         per_dataset, max_tokens = resume["settings"]["per_dataset"], resume["settings"]["max_tokens"]
     # One slot per model: runs are sequential (and the profiler then skips batched timings).
     pool = Pool(n_ctx=4096, n_seq_max=1)
@@ -326,6 +328,14 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     result["complete"] = True
     pool.close()
     return result
+
+
+def extended(resume: dict, extend_to: int | None) -> dict:
+    """A saved run whose prompts per dataset are raised to extend_to (never lowered)."""
+    settings = {**resume["settings"]}
+    if extend_to is not None:
+        settings["per_dataset"] = max(extend_to, settings["per_dataset"])
+    return {**resume, "settings": settings}
 
 
 def measured_prompts(runs: list[dict], methods: Sequence[str]) -> set[tuple[str, str]]:
@@ -448,12 +458,14 @@ def main() -> None:
     ap = benchmark_parser(__doc__, RESULTS)
     ap.add_argument("--resume", type=Path, metavar="JSON",
                     help="measure the prompts a stopped run (its JSON) had not reached, with its settings and draft lengths")
+    ap.add_argument("--extend-to", type=int, metavar="N", help="with --resume: prompts per dataset to reach")
     args = ap.parse_args()
     if args.render is not None:
         result = json.loads(args.render.read_text())
     else:
         resume = json.loads(args.resume.read_text()) if args.resume is not None else None
-        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.out, resume)
+        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.out, resume,
+                     args.extend_to)
     write_report(result, args.out)
 
 

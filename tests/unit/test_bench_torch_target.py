@@ -55,3 +55,10 @@ def test_auto_against_the_best_static_chain_is_judged_per_prompt():
     assert v["auto_vs_best_static_ms"] == [90.0, 100.0]
     assert v["auto_vs_best_static_speedup_median"] == round(80 / 84, 3)
     assert v["auto_beats_best_static"] is False
+
+
+def test_a_resumed_run_is_extended_to_more_prompts_never_fewer():
+    saved = {"settings": {"per_dataset": 3, "max_tokens": 128}, "runs": []}
+    assert tt.extended(saved, 5)["settings"] == {"per_dataset": 5, "max_tokens": 128}
+    assert tt.extended(saved, 2)["settings"]["per_dataset"] == 3
+    assert tt.extended(saved, None) == saved and saved["settings"]["per_dataset"] == 3  # the saved one is untouched
