@@ -24,7 +24,7 @@ import numpy as np
 from benchmarks.args import benchmark_parser
 from benchmarks.machine import machine_info
 from benchmarks.torch_target import MID, SMALL, TARGET, load_prompts
-from specrouter.cascade.chain import Chain
+from specrouter.cascade.chain import Chain, confidence
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
 from specrouter.pool import Pool
@@ -37,28 +37,25 @@ CAPS = (16, 24)
 WORTH = 0.17  # seconds a token: about what the q4 0.5B -> fp32 chain runs at here
 
 
-def _softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
-
-
 def record(pool: Pool, per_dataset: int, max_tokens: int) -> list[dict]:
     target, small, mid = pool.level(TARGET), pool.level(SMALL), pool.level(MID)
     streams = []
     for _, pid, tokens in load_prompts(target, per_dataset):
         text = generate(Chain([small, mid], [3]), tokens, SamplingParams(), max_tokens).token_ids
-        probs = {}
+        logits = {}
         for name, model in (("target", target), ("draft", small)):
             seq = model.new_sequence()
             try:
-                probs[name] = _softmax(np.asarray(model.decode(seq, tokens + text, 0, len(text) + 1), np.float64)[:-1])
+                logits[name] = np.asarray(model.decode(seq, tokens + text, 0, len(text) + 1))[:-1]
             finally:
                 model.free_sequence(seq)
-        n = min(probs["target"].shape[1], probs["draft"].shape[1])
-        t_arg, d = probs["target"][:, :n].argmax(1), probs["draft"][:, :n]
-        on_text = int(np.argmax(t_arg != np.array(text))) if (t_arg != np.array(text)).any() else len(text)
-        streams.append({"id": pid, "agree": (t_arg == d.argmax(1))[:on_text].astype(int).tolist(),
-                        "confidence": d.max(1)[:on_text].round(5).tolist()})
+        n = min(logits["target"].shape[1], logits["draft"].shape[1])  # padded vocabularies: the shared range
+        t_arg, d_arg = logits["target"][:, :n].argmax(1), logits["draft"][:, :n].argmax(1)
+        off = np.flatnonzero(t_arg != np.array(text))
+        on_text = int(off[0]) if off.size else len(text)
+        streams.append({"id": pid, "agree": (t_arg == d_arg)[:on_text].astype(int).tolist(),
+                        # what the cascade computes for the draft stop, row by row
+                        "confidence": [round(confidence(row), 5) for row in logits["draft"][:on_text]]})
         print(f"{pid}: {on_text} positions, agreement {np.mean(streams[-1]['agree']):.3f}", flush=True)
     return streams
 
@@ -67,9 +64,9 @@ def replay(stream: dict, cap: int, draft_s: float, verify, stop: ConfidenceStop 
     """Seconds per committed token of one policy over one recorded text."""
     agree, conf = stream["agree"], stream["confidence"]
     seconds = tokens = pos = 0
+    if stop is not None:
+        stop.configure(("greedy", SMALL, TARGET), 0.9, cap, WORTH, draft_s, verify)
     while pos < len(agree):
-        if stop is not None:
-            stop.configure(("greedy", SMALL, TARGET), 0.9, cap, WORTH, draft_s, verify)
         k, seen = 0, []
         while pos + k < len(agree) and k < cap:
             seen.append(conf[pos + k])

@@ -16,8 +16,8 @@ minimises cost per token, Dinkelbach). It drafts on while some m <= cap - n gain
 Every m is weighed, not only the next one: where verifying 3 tokens costs what 17 do
 (an fp32 target on a CPU), stopping at 2 saves no verification. Replayed on the greedy
 text of 10 HumanEval / GSM8K prompts (798 positions, the EPYC's fp32 costs,
-benchmarks/draft_stop_replay.py): fixed 16-token drafts 147 ms a token (8: 155, 24: 162),
-the rule 137 with a cap of 16 or 24 (median per prompt 1.04x and 1.06x the fixed 16).
+benchmarks/draft_stop_replay.py): fixed 16-token drafts 139 ms a token (8: 148, 24: 154),
+the rule 130 with a cap of 16 or 24 (median per prompt 1.035x and 1.05x the fixed 16).
 
 Calibration: the chance of acceptance per confidence bin, learnt from every verified
 block of the pair (positions up to the first rejection), starting from the bin's own
