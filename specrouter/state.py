@@ -49,6 +49,10 @@ class SequenceState:
     def cached_tokens(self, backend: Backend) -> list[int]:
         return list(self._cached.get(id(backend), ()))
 
+    def slot(self, backend: Backend) -> int | None:
+        """This sequence's id in the backend's cache (None before the model first computed for it)."""
+        return self._slots.get(id(backend))
+
     def committed_length(self, backend: Backend, committed: Sequence[int]) -> int:
         """How many committed tokens this model's cache already holds."""
         return common_prefix(self._cached.get(id(backend), ()), committed)

@@ -2,10 +2,13 @@
 exactly the rejected positions and catches up lazily."""
 
 import numpy as np
+import pytest
 
+from specrouter.backends.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain, CycleRunner
 from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine.generate import SequenceRun
 from specrouter.state import SequenceState, common_prefix
 
 
@@ -113,3 +116,38 @@ def test_a_model_that_sat_out_catches_up_on_unseen_tokens_only():
     # First draft forward = the missed tokens; then one token per further draft step (k = 3).
     assert small.decoded_tokens - fed_before == missed + 2
     assert small.kv_tokens(0)[: len(context)] == context
+
+
+def test_prepare_removes_everything_from_a_mismatch_deeper_than_the_logits_window():
+    """The cache diverges 6 positions before the rows asked for: every position from the first
+    mismatch on is removed and re-fed (a prepare that kept the mismatching token would leave a
+    wrong token inside the context, invisible to an order-2 model's logits)."""
+    model = SyntheticBackend("m", vocab=8)
+    state = SequenceState()
+    state.evaluate(model, [1, 2, 3, 4, 5, 6, 7], 1)
+    state.evaluate(model, [1, 2, 7, 7, 7, 7, 7, 7], 1)
+    assert model.kv_tokens(state.slot(model)) == [1, 2, 7, 7, 7, 7, 7, 7] == state.cached_tokens(model)
+    assert model.decoded_tokens == 7 + 6
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9)], ids=["greedy", "sampled"])
+def test_after_every_cycle_each_cache_is_a_prefix_of_the_committed_tokens(params):
+    """The KV promise, checked against the committed tokens (not the books, which a missing
+    rollback leaves stale too), after every end_cycle of a request."""
+    target = SyntheticBackend("t", vocab=6, eos_id=5)
+    mid = SyntheticBackend("mid", vocab=6, model_seed=2, noise=0.8, eos_id=5)
+    small = SyntheticBackend("small", vocab=6, model_seed=3, noise=1.5, eos_id=5)
+    chain = Chain([NgramDrafter(max_ngram=2), small, mid, target], [3, 3, 4])
+    rejections = 0
+    for seed in range(6):
+        run = SequenceRun(chain, [1, 2, 3, 1, 2], params, 40, rng=np.random.default_rng(seed))
+        while (runner := run.start_cycle()) is not None:
+            run.end_cycle(runner.cycle(run.context, run.room))
+            if run.finished:
+                break
+            for model in chain.models:
+                cached = model.kv_tokens(run.state.slot(model))
+                assert cached == run.context[: len(cached)], f"{model.name} holds uncommitted tokens"
+        run.release()
+        rejections += sum(s.proposed - s.accepted for s in run.stats.values())
+    assert rejections > 0

@@ -14,6 +14,14 @@ forward of which most is transformers' Python overhead, so 50,000 runs would tak
 11 to 18 minutes per configuration, about an hour for this file. At 10,000 runs the
 four tests take about 12 minutes on one core (6 with `-n 2`), and the broken residual
 is still rejected at p < 1e-6 (pytest -s prints the p-values).
+
+Detection limit, computed: with 100-215 cells after pooling, 50% power at ALPHA needs a
+noncentrality of 50-71, i.e. a chi-square distance sum((p' - p)^2 / p) of 0.005-0.007 between
+the output's law p' and the target's over three tokens. The broken residual is far above
+that; a 5% mixture of it (distance ~1e-4) is far below. This test checks that torch backends
+plug into the cascade correctly (rows, padding, warps, rollback); the fine-grained guarantees
+come from the synthetic tiers in tests/unit/cascade/, which run the same cascade code
+(the slow tier's sentinel detects a 1.5% mixture).
 """
 
 from __future__ import annotations

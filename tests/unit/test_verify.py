@@ -29,22 +29,31 @@ def test_residual_pads_shorter_vocabulary_with_zero_probability():
     np.testing.assert_allclose(residual(p, q, 2), [0.4 / 0.6, 0.2 / 0.6, 0.0, 0.0])
 
 
-def _exact_one_step(p, q, draws=200_000, seed=0):
-    """Empirical distribution of the token emitted for one proposal x ~ q verified by p."""
+def _one_step(p, q, bonus, draws, seed=0):
+    """Empirical laws of one proposal x ~ q verified by p: the emitted token, and the bonus
+    token (sampled from the next row, `bonus`) given that x was accepted."""
     rng = np.random.default_rng(seed)
-    counts = np.zeros(len(p))
+    emitted, bonuses = np.zeros(len(p)), np.zeros(len(bonus))
     for _ in range(draws):
         x = sample(q, rng)
-        n_acc, nxt = verify_sampled([x], [q], [p, p], rng)
-        counts[x if n_acc == 1 else nxt] += 1
-    return counts / draws
+        n_acc, nxt = verify_sampled([x], [q], [p, bonus], rng)
+        emitted[x if n_acc == 1 else nxt] += 1
+        if n_acc == 1:
+            bonuses[nxt] += 1
+    return emitted / draws, bonuses / bonuses.sum(), int(bonuses.sum())
 
 
-def test_one_step_of_speculative_sampling_emits_p():
+def test_one_step_of_speculative_sampling_emits_p_and_the_bonus_from_the_next_row():
+    """A statistical smoke test (cascade/test_block_closed_form.py checks the exact law)."""
     p = np.array([0.1, 0.6, 0.3])
     q = np.array([0.5, 0.2, 0.3])
-    # 200k draws: standard error < 0.0012 per cell, so 0.006 is > 5 sigma.
-    np.testing.assert_allclose(_exact_one_step(p, q, draws=100_000), p, atol=0.006)
+    bonus = np.array([0.7, 0.1, 0.2])
+    emitted, bonuses, accepted = _one_step(p, q, bonus, draws=200_000)
+    # 200k draws: standard error <= sqrt(0.25 / 200k) = 0.0011 per cell, so 0.006 is > 5 sigma.
+    np.testing.assert_allclose(emitted, p, atol=0.006)
+    # ~120k accepted (1 - TV = 0.6): standard error <= sqrt(0.25 / 120k) = 0.0014, so 0.0075 is > 5 sigma.
+    assert accepted > 115_000
+    np.testing.assert_allclose(bonuses, bonus, atol=0.0075)
 
 
 def test_acceptance_rate_equals_one_minus_total_variation():

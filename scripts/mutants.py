@@ -1,0 +1,267 @@
+"""Mutation check of the exactness tests: deliberate cascade bugs, one at a time, each caught.
+
+Each mutant is a small edit of the package (the bugs public cascades have shipped, and the
+subtle ones an audit of this suite found). For each, the package is copied to a temporary
+folder, the edit applied (it must match exactly once: a mutant that no longer applies is an
+error, not a pass), and the exactness suite run against the copy:
+
+- the fast tier (`pytest -m "not real and not slow"` over EXACTNESS_TESTS) for every mutant;
+- also the slow tier (`-m slow` over SLOW_TESTS) for the mutants marked `slow`: a bug too rare
+  for the fast tier (the 5% mixture of full-p resampling is the slow tier's power calibration).
+
+A control mutant (`lossless`) changes the cascade in a way that keeps it exact (a draft may
+propose from any q, as long as the q it hands up is the one it sampled from): the suite must
+pass it, or the tests reject correct cascades.
+
+The script prints a markdown table (mutant, the test that caught it in each tier, seconds) and
+exits 0 only when every mutant is caught by every tier it must be caught by, the controls pass,
+and the unmutated package passes both tiers. It takes about 15 minutes on 2 cores (most of it the unmutated slow tier); CI does not run it.
+
+    python scripts/mutants.py [--only NAME ...] [--out docs/mutants.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXACTNESS_TESTS = [
+    "tests/unit/cascade",
+    "tests/unit/test_verify.py",
+    "tests/unit/test_state.py",
+    "tests/unit/test_engine.py",
+    "tests/unit/test_batch.py",
+    "tests/unit/test_draft_stop.py",
+    "tests/unit/test_ngram.py",
+    "tests/unit/test_sampling_exactness.py",
+]
+SLOW_TESTS = ["tests/unit/cascade", "tests/unit/test_sampling_exactness.py", "tests/unit/test_batch.py"]
+
+
+@dataclass(frozen=True)
+class Edit:
+    file: str  # under the repository root
+    old: str  # must occur exactly once
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    what: str
+    edits: tuple[Edit, ...]
+    #: Tiers that must catch it: every mutant the fast tier; `slow` ones the slow tier too.
+    slow: bool = False
+    #: A control: an edit that keeps the output exact, which no test may fail.
+    lossless: bool = False
+
+
+VERIFY, CHAIN = "specrouter/cascade/verify.py", "specrouter/cascade/chain.py"
+UNWARPED = "warp(row, SamplingParams(temperature=1.0))"
+
+MUTANTS = [
+    Mutant("residual-full-p", "after a rejection, sample from the full p instead of the residual (a published cascade)",
+           (Edit(VERIFY, "return i, sample(residual_fn(p, q_row, token), rng)", "return i, sample(p, rng)"),)),
+    Mutant("residual-5pct-full-p", "5% of rejections sample from the full p instead of the residual",
+           (Edit(VERIFY, "from specrouter.cascade.sampling import sample\n",
+                 "from specrouter.cascade.sampling import sample\n_MUTANT = np.random.default_rng(12345)\n"),
+            Edit(VERIFY, "return i, sample(residual_fn(p, q_row, token), rng)",
+                 "return i, sample(p if _MUTANT.random() < 0.05 else residual_fn(p, q_row, token), rng)")),
+           slow=True),
+    Mutant("inverted-ratio", "accept with min(1, q/p) instead of min(1, p/q)",
+           (Edit(VERIFY, "rng.random() * q_x < p_x", "rng.random() * p_x < q_x"),)),
+    Mutant("argmax-acceptance", "under sampling, accept only the verifier's argmax (several engines)",
+           (Edit(VERIFY, "if q_x > 0 and rng.random() * q_x < p_x:",
+                 "if q_x > 0 and rng.random() >= 0 and token == int(np.argmax(p)):"),)),
+    Mutant("bonus-wrong-row", "the bonus token sampled from the verifier's row n - 1 instead of n",
+           (Edit(VERIFY, "sample(verifier_probs[len(proposals)], rng)",
+                 "sample(verifier_probs[len(proposals) - 1], rng)"),)),
+    Mutant("deterministic-residual-keeps-x", "an n-gram draft's residual keeps the rejected token",
+           (Edit(VERIFY, "r[proposed] = 0.0", "r[proposed] = r[proposed]"),)),
+    Mutant("padded-residual-truncated", "the residual drops the verifier's mass beyond the draft's vocabulary",
+           (Edit(VERIFY, "n = max(p.shape[0], q.shape[0])\n        r = _pad(p, n) - _pad(q, n)",
+                 "n = min(p.shape[0], q.shape[0])\n        r = _pad(p[:n], n) - _pad(q[:n], n)"),)),
+    Mutant("greedy-bonus-wrong-row", "greedy: after a fully accepted draft, the argmax of the row before",
+           (Edit(VERIFY, "return len(proposals), int(verifier_argmax[len(proposals)])",
+                 "return len(proposals), int(verifier_argmax[len(proposals) - 1])"),)),
+    Mutant("q-passed-upward", "a level hands its proposer's q upward for accepted tokens instead of its own p",
+           (Edit(CHAIN, "return proposals[:n_acc] + [nxt], p[: n_acc + 1]",
+                 "return proposals[:n_acc] + [nxt], (list(q[:n_acc]) if q else p[:n_acc]) + p[n_acc : n_acc + 1]"),)),
+    Mutant("residual-passed-upward", "a level hands the residual upward for its corrected token instead of its p",
+           (Edit(CHAIN, "return proposals[:n_acc] + [nxt], p[: n_acc + 1]",
+                 "return proposals[:n_acc] + [nxt], p[:n_acc] + [residual(p[n_acc], q[n_acc] if q else None, "
+                 "proposals[n_acc]) if not self.params.greedy and n_acc < len(proposals) else p[n_acc]]"),)),
+    Mutant("unwarped-verifier", "verifying levels score with the unwarped softmax (temperature, top-k, top-p skipped)",
+           (Edit(CHAIN, "p = [self._dist(row) for row in rows]",
+                 f"p = [self._dist(row) if self.params.greedy or i == 0 else {UNWARPED} for row in rows]"),)),
+    Mutant("unwarped-draft", "the drafting model samples from its unwarped softmax but hands up its warped q",
+           (Edit(CHAIN, "token = d if self.params.greedy else sample(d, self.rng)",
+                 f"token = d if self.params.greedy else sample({UNWARPED}, self.rng)"),)),
+    Mutant("draft-unwarped-consistently", "control: the draft samples from and hands up its unwarped softmax "
+           "(another q, verified exactly: lossless)",
+           (Edit(CHAIN, "d = self._dist(row)\n", f"d = self._dist(row) if self.params.greedy else {UNWARPED}\n"),),
+           lossless=True),
+    Mutant("residual-on-unwarped-p", "the residual is taken from the verifier's unwarped softmax",
+           (Edit(CHAIN, "n_acc, nxt = verify_sampled(proposals, q, p, self.rng, self._residual)",
+                 "n_acc, nxt = verify_sampled(proposals, q, p, self.rng, lambda pp, qq, x: self._residual("
+                 f"{UNWARPED.replace('row', 'rows[next(j for j, r in enumerate(p) if r is pp)]')}, qq, x))"),)),
+    Mutant("stop-after-seeing-token", "a draft stop decided on the token just drawn, which is then dropped",
+           (Edit(CHAIN, "            tokens.append(token)\n            dists.append(d)\n",
+                 "            if stop is not None and not stop.more(confidences):\n                cut = True\n"
+                 "                break\n            tokens.append(token)\n            dists.append(d)\n"),)),
+    Mutant("intermediate-stops-after-correction", "control: a middle level ends its proposal after its first "
+           "correction (decided by tokens already drawn: lossless)",
+           (Edit(CHAIN, "            out += tokens\n            dists += d\n",
+                 "            out += tokens\n            dists += d\n            if len(tokens) <= below:\n"
+                 "                break\n"),), lossless=True),
+    Mutant("no-rollback-after-commit", "rejected positions stay cached until the model is next used",
+           (Edit("specrouter/engine/generate.py", "        self.context += new\n        self.state.rollback_to(self.context)\n",
+                 "        self.context += new\n"),)),
+    Mutant("prepare-keeps-mismatch", "catch-up keeps the first mismatching cached token",
+           (Edit("specrouter/state.py", "keep = min(common_prefix(cached, tokens), len(tokens) - n_logits)",
+                 "keep = min(common_prefix(cached, tokens) + 1, len(cached), len(tokens) - n_logits)"),)),
+    Mutant("batch-logits-swapped", "a batched call hands each sequence another sequence's logits",
+           (Edit("specrouter/engine/batch.py", "enumerate(zip(group, outputs))", "enumerate(zip(group, outputs[::-1]))"),)),
+    Mutant("top-p-one-short", "top-p keeps one token fewer than the smallest set reaching top_p",
+           (Edit("specrouter/cascade/sampling.py", "cut = int(np.searchsorted(cumulative, top_p - 1e-12)) + 1",
+                 "cut = max(1, int(np.searchsorted(cumulative, top_p - 1e-12)))"),)),
+]
+
+
+def copy_repo(dest: Path) -> None:
+    for name in ("specrouter", "tests"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+
+
+def apply(dest: Path, mutant: Mutant) -> None:
+    for edit in mutant.edits:
+        path = dest / edit.file
+        text = path.read_text()
+        count = text.count(edit.old)
+        if count != 1:
+            raise SystemExit(f"mutant {mutant.name}: {edit.file} has the text to change {count} times, not once")
+        path.write_text(text.replace(edit.old, edit.new))
+
+
+def run_tier(dest: Path, tier: str, workers: int, stop_at_first: bool = False) -> tuple[list[str], float, int]:
+    """Failed test ids, seconds, and how many tests ran; `stop_at_first`: the run ends at the
+    first failure (pytest --maxfail=1), which is all a mutant needs."""
+    paths = EXACTNESS_TESTS if tier == "fast" else SLOW_TESTS
+    marker = "not real and not slow" if tier == "fast" else "slow"
+    report = dest / f"report-{tier}.xml"
+    env = {**os.environ, "PYTHONPATH": str(dest), "SPECROUTER_CACHE": str(dest / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, f"--junitxml={report}",
+           *(["-n", str(workers)] if workers > 1 else []), *(["--maxfail=1"] if stop_at_first else []), *paths]
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=dest, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seconds = time.perf_counter() - start
+    if not report.exists():
+        return ["<pytest did not run: collection error>"], seconds, 0
+    failed, total = [], 0
+    for case in ET.parse(report).getroot().iter("testcase"):
+        total += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}")
+    report.unlink()
+    return failed, seconds, total
+
+
+def check_imports_copy(dest: Path) -> None:
+    """specrouter is a namespace package installed in editable mode: PYTHONPATH must put the copy first."""
+    env = {**os.environ, "PYTHONPATH": str(dest)}
+    where = subprocess.run([sys.executable, "-c", "import specrouter.state as m; print(m.__file__)"], cwd=dest, env=env,
+                           capture_output=True, text=True, check=True).stdout.strip()
+    if not where.startswith(str(dest)):
+        raise SystemExit(f"the tests would import {where}, not the mutated copy in {dest}")
+
+
+def summary(failed: list[str], limit: int = 3) -> str:
+    if not failed:
+        return "**not caught**"
+    shown = ", ".join(f"`{f}`" for f in failed[:limit])
+    return shown + (f" (+{len(failed) - limit})" if len(failed) > limit else "")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", help="run only these mutants (by name)")
+    ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
+    ap.add_argument("--out", type=Path, help="also write the markdown table to this file")
+    ap.add_argument("--fast-only", action="store_true", help="run the fast tier only (a quick look; exits 1)")
+    args = ap.parse_args()
+    tiers = ("fast",) if args.fast_only else ("fast", "slow")
+    mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory(prefix="specrouter-mutants-") as tmp:
+        base = Path(tmp) / "clean"
+        copy_repo(base)
+        check_imports_copy(base)
+        for tier in tiers:
+            failed, seconds, total = run_tier(base, tier, args.workers)
+            print(f"unmutated, {tier} tier: {total} tests, {len(failed)} failed, {seconds:.0f} s", flush=True)
+            if failed or not total:
+                print("  the unmutated package must pass: " + ", ".join(failed))
+                return 1
+        for mutant in mutants:
+            dest = Path(tmp) / mutant.name
+            copy_repo(dest)
+            apply(dest, mutant)
+            cells = []
+            for tier in tiers if mutant.slow else ("fast",):
+                failed, seconds, _ = run_tier(dest, tier, args.workers, stop_at_first=not mutant.lossless)
+                ok &= bool(failed) != mutant.lossless
+                shown = ("passes, as it must" if not failed else "**failed a lossless control:** " + summary(failed)) \
+                    if mutant.lossless else summary(failed)
+                cells.append(f"{shown} ({seconds:.0f} s)")
+            if len(cells) == 1:
+                cells.append("(fast tier suffices)" if not mutant.slow else "not run")
+                ok &= not mutant.slow
+            rows.append(f"| `{mutant.name}` | {mutant.what} | {cells[0]} | {cells[1]} |")
+            print(rows[-1], flush=True)
+            shutil.rmtree(dest)
+    cpu = _cpu_name()
+    table = "\n".join([
+        f"# Mutation check of the exactness tests ({datetime.date.today()}, {cpu}, {os.cpu_count()} cores)",
+        "",
+        f"Command: `python scripts/mutants.py{' --only ' + ' '.join(args.only) if args.only else ''}`. "
+        "Fast tier: `pytest -m \"not real and not slow\"` over " + ", ".join(EXACTNESS_TESTS) +
+        ". Slow tier: `pytest -m slow` over " + ", ".join(SLOW_TESTS) + ". A cell lists the first failing test "
+        "(the run stops there: `--maxfail=1`, 2 workers, so another may be listed too) and the seconds to it; "
+        "a control runs its tier in full.",
+        "",
+        "| mutant | the bug | fast tier | slow tier |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        "Every mutant caught, every control passed." if ok else "SOME MUTANT WAS NOT CAUGHT, OR A CONTROL FAILED.",
+    ])
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+    return 0 if ok else 1
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
