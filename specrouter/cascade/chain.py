@@ -8,11 +8,12 @@ target verifies one block per cycle; what it emits is committed.
 
 Why intermediate levels truncate to exactly n tokens: the level above may treat a
 run of proposals as drawn from q only if whether position i exists does not depend
-on how token i itself was drawn. A fixed count (or stopping after EOS, which depends
-only on the tokens before) keeps that true; "stop after a correction" would not.
-A drafting model may also stop early on its own confidence (DraftStop): whether it
-drafts token i + 1 is decided from its confidences in tokens 1..i, which are drawn
-before position i + 1 exists, so that too keeps the output exact.
+on how token i itself was drawn. A fixed count keeps that true, and so would any rule
+decided by what was drawn before position i: stopping after EOS, after a block's
+correction (scripts/mutants.py runs that one as a control: the tests pass it), or on
+the draft's confidence so far (DraftStop: whether it drafts token i + 1 is decided
+from its confidences in tokens 1..i). Dropping a token after seeing it is what breaks
+exactness (the mutant `stop-after-seeing-token`).
 """
 
 from __future__ import annotations
@@ -48,9 +49,12 @@ class CycleObserver(Protocol):
         sampling costs ~0.5 ms, so a verification of 16 proposals pays ~8 ms of it)."""
 
     def on_verify(self, proposer: str, verifier: str, proposals: list[int], q: list | None, p: list,
-                  n_accepted: int, requested: int) -> None:
+                  n_accepted: int, requested: int, match: int = 0) -> None:
         """`verifier` checked `proposals` (of `requested`); q, p: per-position dists as the cascade
-        keeps them (argmax ids under greedy, warped probabilities otherwise; q None for n-gram)."""
+        keeps them (argmax ids under greedy, warped probabilities otherwise; q None for n-gram);
+        match: the suffix-match length behind an n-gram draft (0 for a model's). It is the
+        evidence of this very block: a proposer keeps no state between drafting and verifying
+        (in a batch other requests draft in between)."""
 
 
 class DraftStop(Protocol):
@@ -84,6 +88,16 @@ class EvalRequest:
     seconds: float = 0.0
     batch: int = 1  # sequences in the call
     shared: bool = False  # another request of the same batched call reports it
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a level hands the level above: tokens, its distribution per token (None for a
+    deterministic proposer: q = one-hot), and the n-gram's suffix-match length (0: a model)."""
+
+    tokens: list[int]
+    dists: list | None
+    match: int = 0
 
 
 @dataclass
@@ -219,16 +233,16 @@ class CycleRunner:
             self.observer.on_rows(self.chain.levels[i].name, rows, self.clock() - start)
 
     def _draft(self, context: list[int], n: int):
-        """Level 0 proposes n tokens (fewer after EOS or when the n-gram finds nothing)."""
+        """Level 0 proposes n tokens (fewer after EOS or when the n-gram finds nothing): a Draft."""
         level = self.chain.levels[0]
         if isinstance(level, NgramDrafter):
             start = self.clock()
-            tokens = level.propose(context, n)
+            tokens, match = level.lookup(context, n)
             seconds = self.clock() - start
             self.stats[0].seconds += seconds
             if self.observer is not None:
                 self.observer.on_forward(level.name, 0, seconds)
-            return _cut_after_eos(tokens, self.chain.eos_ids), None
+            return Draft(_cut_after_eos(tokens, self.chain.eos_ids), None, match)
         stop = self.chain.draft_stop
         tokens, dists, confidences, cut = [], [], [], False
         for _ in range(n):
@@ -248,10 +262,11 @@ class CycleRunner:
                 break
         if stop is not None:
             self._draft_end = (confidences, cut)
-        return tokens, dists
+        return Draft(tokens, dists)
 
     def _propose(self, i: int, context: list[int], n: int):
-        """n tokens following `context`, distributed as level i's own p, with that p per position."""
+        """n tokens following `context`, distributed as level i's own p, with that p per position
+        (a Draft)."""
         if i == 0:
             return (yield from self._draft(context, n))
         out: list[int] = []
@@ -264,17 +279,15 @@ class CycleRunner:
             dists += d
             if any(t in self.chain.eos_ids for t in tokens):
                 cut = len(_cut_after_eos(out, self.chain.eos_ids))
-                return out[: min(cut, n)], dists[: min(cut, n)]
-        return out[:n], dists[:n]
+                return Draft(out[: min(cut, n)], dists[: min(cut, n)])
+        return Draft(out[:n], dists[:n])
 
     def _block(self, i: int, context: list[int], n_below: int):
         """Level i verifies up to n_below proposals from level i - 1 in one forward and
         returns the accepted ones plus its own next token, with its dist per token."""
         self._draft_end = None
-        if n_below > 0:
-            proposals, q = yield from self._propose(i - 1, context, n_below)
-        else:
-            proposals, q = [], []
+        draft = (yield from self._propose(i - 1, context, n_below)) if n_below > 0 else Draft([], [])
+        proposals, q = draft.tokens, draft.dists
         draft_end = self._draft_end if i == 1 else None
         rows = yield from self._evaluate(i, context + proposals, len(proposals) + 1)
         start = self.clock()
@@ -294,7 +307,7 @@ class CycleRunner:
                     n_below = len(proposals)
             if self.observer is not None and n_below > 0:
                 self.observer.on_verify(self.chain.levels[i - 1].name, self.chain.levels[i].name,
-                                        proposals, q, p, n_acc, n_below)
+                                        proposals, q, p, n_acc, n_below, draft.match)
         return proposals[:n_acc] + [nxt], p[: n_acc + 1]
 
 

@@ -64,7 +64,6 @@ Any chain choice made before a cycle keeps the output exact
 """
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
 import math
@@ -79,7 +78,8 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator, pair_score
 from specrouter.router.draft_stop import ConfidenceStop
-from specrouter.router.predictor import ChainSpec, Prediction, predict
+from specrouter.router.plan import Plan, PlanInputs, Rates, Scored, level_key
+from specrouter.router.predictor import ChainSpec
 from specrouter.router.profiler import OnlineCosts, row_kind
 
 HYSTERESIS = 0.05
@@ -94,12 +94,10 @@ CONFIDENT = 48  # positions after which a pair is no longer probed
 #: 16 tokens; any GPU); on llama.cpp q4 targets the search never goes past a few. The
 #: longest is also the cap of a draft that stops on its confidence (draft_stop).
 DRAFT_GRID = (*range(1, 9), 10, 12, 16, 24)
-RATE_TOLERANCE = 0.04  # acceptance move that triggers a re-plan
 FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
 COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
 PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 tolerances at once
 HORIZON = 256  # tokens over which a catch-up cost is amortised at most
-MAX_EXHAUSTIVE = 100  # 2-level chains: the whole grid; deeper ones by coordinate descent (a full plan costs ~15 ms, not ~90)
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
 
 
@@ -108,45 +106,9 @@ def ngram_key(size: int) -> str:
     return f"{NGRAM_NAME}#{size}"
 
 
-class _MatchTrackingNgram(NgramDrafter):
-    """The router's n-gram level: remembers the match length of its last proposal, so that
-    every block it drafts in a cycle (a middle level may ask it several times) is scored
-    under its own match class."""
-
-    last_size = 0
-
-    def propose(self, context: Sequence[int], n: int) -> list[int]:
-        tokens, self.last_size = self.lookup(context, n)
-        return tokens
-
-
 def _family(names: Sequence[str]) -> tuple[str, ...]:
     """A chain without its n-gram level: chains of one family switch freely between cycles."""
     return tuple(n for n in names if n != NGRAM_NAME)
-
-
-@dataclass
-class Scored:
-    spec: ChainSpec
-    prediction: Prediction
-    catch_up: float = 0.0  # seconds the chain's models need to catch up before it runs
-    score: float = 0.0  # seconds per token, catch-up amortised
-    cautious: float | None = None  # the score at the cautious acceptance (None: not computed)
-    sure: bool = True  # beats the target alone even at the cautious acceptance
-    holds: bool = False  # the current chain, still beating the target alone at the bold acceptance
-
-    def as_dict(self) -> dict:
-        return {"chain": list(self.spec.names), "draft_lengths": list(self.spec.draft_lengths),
-                "predicted_ms_per_token": round(self.prediction.seconds_per_token * 1e3, 3),
-                "tokens_per_cycle": round(self.prediction.tokens_per_cycle, 3),
-                "catch_up_ms": round(self.catch_up * 1e3, 3),
-                "score_ms_per_token": round(self.score * 1e3, 3),
-                **({} if self.cautious is None else {"cautious_ms_per_token": round(self.cautious * 1e3, 3),
-                                                     "pays_for_sure": self.sure})}
-
-    @property
-    def catch_up_per_token(self) -> float:
-        return self.score - self.prediction.seconds_per_token
 
 
 @dataclass
@@ -179,11 +141,16 @@ class Router:
         explore_fraction: float = EXPLORE_FRACTION,
         message: str | None = None,
         confidence_stop: bool = True,
+        *,
+        shared_stop: ConfidenceStop | None = None,
     ) -> None:
+        """use_ngram: route the n-gram level too; confidence_stop: a model drafting for the
+        target may end its draft on its confidence; shared_stop: that rule's calibration is
+        shared with this stop's (a session: see session())."""
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
-        self.ngram = _MatchTrackingNgram() if use_ngram else None
+        self.ngram = NgramDrafter() if use_ngram else None  # keeps no state: its evidence travels with its draft
         self.costs = costs
         self.acceptance = acceptance or AcceptanceEstimator()
         self.grid = tuple(draft_grid)
@@ -192,7 +159,7 @@ class Router:
         self.estimates_file: Path | None = None
         #: A model drafting for the target alone ends its draft when its confidence says going on
         #: no longer pays (draft_stop), at most max(grid) tokens on.
-        self.draft_stop = ConfidenceStop() if confidence_stop else None
+        self.draft_stop = (shared_stop.session() if shared_stop else ConfidenceStop()) if confidence_stop else None
         self._levels: dict[str, Level] = {m.name: m for m in self.models}
         if self.ngram:
             self._levels[NGRAM_NAME] = self.ngram
@@ -205,8 +172,8 @@ class Router:
         self._optimistic: dict[tuple[str, ...], Scored] = {}
         self._by_class: dict[str, tuple[dict, dict]] = {}
         self._previous_by_class: dict[str, tuple[dict, dict]] = {}
-        self._plan_inputs = None
-        self._plan: dict = {}
+        self._plan_inputs: PlanInputs | None = None
+        self._plan: Plan | None = None
         self.replans = 0
         self.elapsed = self.probe_spent = 0.0  # seconds of cycles (global), of which probes' extra
         self.decisions: list[Decision] = []
@@ -218,15 +185,14 @@ class Router:
         self.start(SamplingParams())
 
     def session(self) -> Router:
-        """A router for one request of many running at once: its own per-request state
-        (decisions, plan, per-request acceptance), sharing the global estimates and costs."""
-        twin = copy.copy(self)
-        twin.acceptance = self.acceptance.view()
-        twin.draft_stop = self.draft_stop.session() if self.draft_stop else None
-        twin._chain_objs = {}  # a chain object carries this session's draft stop
-        twin.decisions = []
-        twin.start(SamplingParams())
-        return twin
+        """A router for one request of many running at once, built afresh, never copied: its
+        own per-request state (plan, decisions, current chain, probe budget, per-request
+        acceptance, chain objects carrying its own draft stop), and the objects every request
+        shares: the models, the cost model, the global acceptance estimates (a view) and the
+        draft stop's calibration."""
+        return Router(self.target, self.drafts, self.costs, self.acceptance.view(), self.ngram is not None,
+                      self.grid, self.hysteresis, self.explore_fraction, self.message,
+                      self.draft_stop is not None, shared_stop=self.draft_stop)
 
     # Candidates ------------------------------------------------------------------------
     def _enumerate(self) -> list[tuple[str, ...]]:
@@ -297,82 +263,7 @@ class Router:
     def _rate(self, j: str, i: str) -> float:
         return self.acceptance.rate(j, i, self._estimate_names())
 
-    def _key(self, name: str, cls: str | None) -> str:
-        """The estimator's name of a chain level in this cycle (the n-gram: its match class)."""
-        return cls if name == NGRAM_NAME and cls is not None else name
-
-    def _predict(self, spec: ChainSpec, table: str = "rates", room: int | None = None,
-                 cls: str | None = None) -> Prediction:
-        """Prediction from the inputs frozen at the last re-plan (memoised across calls), with
-        the n-gram level's estimates of match class `cls`."""
-        plan = self._plan
-        memo = plan["memo"].setdefault((table, cls), {})  # the predictor's, per table and class
-        done = plan["predictions"].get((table, cls, spec, room))  # a cycle asks again what others did
-        if done is None:
-            rates = plan[table]  # "rates", "optimistic" (probes), "cautious" or "bold" (the guard)
-            key = self._key
-            done = plan["predictions"][(table, cls, spec, room)] = predict(
-                spec, plan["cost"], lambda j, i: rates[(key(j, cls), i)],
-                lambda j, i: plan["fills"][(key(j, cls), i)], room, memo, plan["row"] * plan["batch"])
-        return done
-
-    def _best_lengths(self, names: tuple[str, ...], table: str, room: int | None,
-                      start: tuple[int, ...] | None = None, cls: str | None = None) -> Scored:
-        depth = len(names) - 1
-        if depth == 0:
-            spec = ChainSpec(names)
-            return Scored(spec, self._predict(spec, table, room, cls))
-        grid = self.grid
-        if room is not None:  # the target never takes more than room - 1 proposals
-            grid = tuple(k for k in grid if k < max(room, 2)) or (1,)
-        if start is not None:  # near the end the room cuts the grid: start from the longest left
-            start = tuple(max((g for g in grid if g <= k), default=grid[0]) for k in start)
-            return self._local_search(names, table, room, grid, start, cls)
-        if len(grid) ** depth <= MAX_EXHAUSTIVE:
-            options = [ChainSpec(names, ks) for ks in itertools.product(grid, repeat=depth)]
-            best = min(options, key=lambda s: self._predict(s, table, room, cls).seconds_per_token)
-            return Scored(best, self._predict(best, table, room, cls))
-        ks = [grid[len(grid) // 2]] * depth  # coordinate descent from the middle of the grid
-        best_val = self._predict(ChainSpec(names, tuple(ks)), table, room, cls).seconds_per_token
-        for _ in range(4):
-            improved = False
-            for level in range(depth):
-                for k in grid:
-                    trial = ks.copy()
-                    trial[level] = k
-                    val = self._predict(ChainSpec(names, tuple(trial)), table, room, cls).seconds_per_token
-                    if val < best_val - 1e-12:
-                        ks, best_val, improved = trial, val, True
-            if not improved:
-                break
-        spec = ChainSpec(names, tuple(ks))
-        return Scored(spec, self._predict(spec, table, room, cls))
-
-    def _local_search(self, names, table, room, grid, start, cls) -> Scored:
-        """Grid neighbours (one step down or up per level) of the last best lengths until none
-        improves: after a small move of the inputs the optimum moves little, at a tenth of a
-        full search."""
-        def value(ks):
-            return self._predict(ChainSpec(names, ks), table, room, cls).seconds_per_token
-
-        ks, best = tuple(start), value(tuple(start))
-        improved = True
-        while improved:
-            improved = False
-            for level in range(len(ks)):
-                i = grid.index(ks[level])
-                for j in (i - 1, i + 1):
-                    if 0 <= j < len(grid):
-                        k = grid[j]
-                        trial = ks[:level] + (k,) + ks[level + 1 :]
-                        v = value(trial)
-                        if v < best - 1e-12:
-                            ks, best, improved = trial, v, True
-                            break
-        spec = ChainSpec(names, ks)
-        return Scored(spec, self._predict(spec, table, room, cls))
-
-    def _inputs(self, room: int) -> dict:
+    def _inputs(self, room: int) -> PlanInputs:
         # Chains run in size order, so a proposer is always smaller than its verifier.
         models = [n for n in self.names if n != NGRAM_NAME]
         pairs = [*itertools.combinations(models, 2), *((k, m) for k in self._ngram_keys for m in models)]
@@ -387,33 +278,30 @@ class Router:
             if low is not None:
                 stale.add((j, i))
             optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
-        return {"rates": rates, "optimistic": optimistic, "cautious": cautious, "bold": bold, "stale": stale,
-                "fills": {(j, i): self.acceptance.fill(j, i) for j, i in pairs},
-                "costs": self.costs.snapshot(), "row": self.costs.row_seconds(self._row_kind),
-                "room": min(room, max(self.grid) + 1), "batch": self.batch_size}
+        return PlanInputs(rates, optimistic, cautious, bold, stale, {(j, i): self.acceptance.fill(j, i) for j, i in pairs},
+                          self.costs.snapshot(), self.costs.row_seconds(self._row_kind),
+                          min(room, max(self.grid) + 1), self.batch_size)
 
-    _PAIR_TABLES = (("rates", RATE_TOLERANCE), ("cautious", RATE_TOLERANCE), ("bold", RATE_TOLERANCE), ("fills", 0.1))
-
-    def _move(self, old: dict | None, new: dict) -> tuple[float, dict[str, float]]:
+    def _move(self, old: PlanInputs | None, new: PlanInputs) -> tuple[float, dict[str, float]]:
         """How far the inputs moved since they were planned with, in tolerances (>= 1: enough
         to matter; timings jitter every cycle): for the chains without the n-gram level, and
         per match class for the n-gram's own pairs (which move only that class's plans).
         Infinite when the problem itself changed."""
-        if old is None or old["batch"] != new["batch"] or old["costs"].keys() != new["costs"].keys():
+        if old is None or old.batch != new.batch or old.costs.keys() != new.costs.keys():
             return math.inf, {}
-        if old["room"] != new["room"]:  # the last tokens of a request: every cycle, at once
+        if old.room != new.room:  # the last tokens of a request: every cycle, at once
             return BIG_MOVE, {}
         # Model costs count relative to the target's: a level that moves for all (the machine's
         # speed, which jitters by several % from forward to forward) changes no choice, while
         # it re-planned every few cycles. Shapes (model@n) are relative already.
         t = self.target.name
-        base = [abs(new["costs"][k] / new["costs"].get(t, 1.0) - v / old["costs"].get(t, 1.0))
-                / (COST_TOLERANCE * max(abs(v / old["costs"].get(t, 1.0)), 1e-9))
-                for k, v in old["costs"].items() if k not in ("overhead", NGRAM_NAME, t)]
-        if NGRAM_NAME in old["costs"]:  # a lookup of ~20 us: its level jitters by tens of %, harmlessly
-            base.append(abs(new["costs"][NGRAM_NAME] - old["costs"][NGRAM_NAME]) * self.costs.profile.ngram_seconds / 2e-4)
-        base.append(abs(new["costs"]["overhead"] - old["costs"]["overhead"]) / 5e-4)
-        base.append(abs(new["row"] - old["row"]) / 2e-4)
+        base = [abs(new.costs[k] / new.costs.get(t, 1.0) - v / old.costs.get(t, 1.0))
+                / (COST_TOLERANCE * max(abs(v / old.costs.get(t, 1.0)), 1e-9))
+                for k, v in old.costs.items() if k not in ("overhead", NGRAM_NAME, t)]
+        if NGRAM_NAME in old.costs:  # a lookup of ~20 us: its level jitters by tens of %, harmlessly
+            base.append(abs(new.costs[NGRAM_NAME] - old.costs[NGRAM_NAME]) * self.costs.profile.ngram_seconds / 2e-4)
+        base.append(abs(new.costs["overhead"] - old.costs["overhead"]) / 5e-4)
+        base.append(abs(new.row - old.row) / 2e-4)
         classes: dict[str, float] = {}
 
         def note(pair: tuple[str, str], move: float) -> None:
@@ -422,10 +310,10 @@ class Router:
             else:
                 base.append(move)
 
-        for table, tolerance in self._PAIR_TABLES:
-            for pair, value in old[table].items():
-                note(pair, abs(new[table][pair] - value) / tolerance)
-        for pair in old["stale"] ^ new["stale"]:
+        for (old_table, tolerance), (new_table, _) in zip(old.tolerance_tables(), new.tolerance_tables()):
+            for pair, value in old_table.items():
+                note(pair, abs(new_table[pair] - value) / tolerance)
+        for pair in old.stale ^ new.stale:
             note(pair, BIG_MOVE)  # a pair became worth probing, or stopped being
         return max(base), classes
 
@@ -458,27 +346,17 @@ class Router:
         # (_replan_class), at the periodic full search and when the problem changed (room,
         # batch). A search per class after every plan was most of the router's time.
         rescore = set() if full or math.isinf(base) else set(self._ngram_keys)
-        self._plan = {**inputs, "cost": functools.lru_cache(maxsize=None)(self._batch_cost), "memo": {},
-                      "predictions": {}, "r": r, "full": full, "rescore": rescore}
+        self._plan = Plan(inputs, functools.lru_cache(maxsize=None)(self._batch_cost), self.grid, r, full, rescore)
         self._previous_by_class = {**self._previous_by_class, **self._by_class}
         self._by_class = {}
         self._best, self._optimistic = self._plans([c for c in self.chains if NGRAM_NAME not in c], None,
                                                    (self._best, self._optimistic))
 
-    def _replan_class(self, cls: str, inputs: dict) -> None:
-        """Take up the new estimates of one match class of the n-gram (the plan holds them,
-        and the inputs they are compared with next); its chains are planned again when a
-        cycle needs them."""
-        plan = self._plan  # its tables are the planned inputs' own dicts: one update serves both
-        for table, _ in self._PAIR_TABLES:
-            plan[table].update((pair, v) for pair, v in inputs[table].items() if pair[0] == cls)
-        plan["optimistic"].update((pair, v) for pair, v in inputs["optimistic"].items() if pair[0] == cls)
-        plan["stale"].difference_update({pair for pair in plan["stale"] if pair[0] == cls})
-        plan["stale"].update(pair for pair in inputs["stale"] if pair[0] == cls)
-        for table in ("rates", "optimistic", "cautious", "bold"):
-            plan["memo"].pop((table, cls), None)
-        plan["predictions"] = {k: v for k, v in plan["predictions"].items() if k[1] != cls}
-        plan["rescore"].discard(cls)
+    def _replan_class(self, cls: str, inputs: PlanInputs) -> None:
+        """Take up the new estimates of one match class of the n-gram (the plan's inputs are
+        those the next moves are measured from: one update serves both); its chains are planned
+        again when a cycle needs them."""
+        self._plan.forget_class(cls, inputs)
         if cls in self._by_class:
             self._previous_by_class[cls] = self._by_class.pop(cls)
         self._class_planned_at[cls] = self._cycle
@@ -487,29 +365,29 @@ class Router:
                rescore: bool = False) -> tuple[dict, dict]:
         """Best draft lengths per chain, and optimistic ones for chains with a barely observed
         pair; with `rescore`, the previous lengths predicted again where there are some."""
-        r, full = self._plan["r"], self._plan["full"]
+        p = self._plan
 
-        def plan(names, table, plans):
-            if names in plans and not full:
+        def plan(names, kind, plans):
+            if names in plans and not p.full:
                 spec = plans[names].spec
                 if rescore:
-                    return Scored(spec, self._predict(spec, table, r, cls))
-                return self._best_lengths(names, table, r, spec.draft_lengths, cls)
-            return self._best_lengths(names, table, r, None, cls)
+                    return Scored(spec, p.predict(spec, kind, p.window, cls))
+                return p.best_lengths(names, kind, spec.draft_lengths, cls)
+            return p.best_lengths(names, kind, None, cls)
 
-        best = {names: plan(names, "rates", previous[0]) for names in chains}
+        best = {names: plan(names, Rates.ESTIMATE, previous[0]) for names in chains}
         optimistic = {}
         for names in chains:
             pairs = self._pairs_to_probe(names, cls)
-            if any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in self._plan["stale"] for j, i in pairs):
-                optimistic[names] = plan(names, "optimistic", previous[1])
+            if any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in p.inputs.stale for j, i in pairs):
+                optimistic[names] = plan(names, Rates.OPTIMISTIC, previous[1])
         return best, optimistic
 
     def _pairs_to_probe(self, names: Sequence[str], cls: str | None) -> list[tuple[str, str]]:
         """The chain's adjacent pairs that only running it can teach: all but the n-gram's
         under the target, which the shadow lookup scores in every cycle with a match (against
         the target's rows, or its output when it runs alone), whatever chain runs."""
-        return [(self._key(j, cls), i) for j, i in zip(names, names[1:])
+        return [(level_key(j, cls), i) for j, i in zip(names, names[1:])
                 if not (j == NGRAM_NAME and i == self.target.name)]
 
     def _class_plans(self, cls: str) -> tuple[dict, dict]:
@@ -519,7 +397,7 @@ class Router:
         if plans is None:
             chains = [c for c in self.chains if NGRAM_NAME in c]
             plans = self._by_class[cls] = self._plans(chains, cls, self._previous_by_class.get(cls, ({}, {})),
-                                                      rescore=cls in self._plan["rescore"])
+                                                      rescore=cls in self._plan.rescore)
         return plans
 
     def _batch_cost(self, name: str, n: float) -> float:
@@ -614,7 +492,7 @@ class Router:
         chain = self.chain_for(scored.spec)
         if self._stops(scored.spec.names):
             draft, target = scored.spec.names
-            cost, row = self._plan["cost"], self._plan["row"] * self.batch_size
+            cost, row = self._plan.cost, self._plan.inputs.row * self.batch_size
             # A target that feeds what it missed first (the prompt, in a request's first cycle)
             # verifies the draft in the same forward: a longer draft then costs it little more.
             behind = max(0, position - cached.get(target, 0) - 1)
@@ -633,7 +511,7 @@ class Router:
         made auto lose to the target alone; the draft lengths are still those of the estimate."""
         if len(s.spec.names) > 1:
             r = room if room <= max(self.grid) else None
-            s.cautious = self._predict(s.spec, "cautious", r, self._ngram_key).seconds_per_token + s.catch_up_per_token
+            s.cautious = self._plan.predict(s.spec, Rates.CAUTIOUS, r, self._ngram_key).seconds_per_token + s.catch_up_per_token
             s.sure = s.cautious < alone.score
         return s
 
@@ -657,10 +535,10 @@ class Router:
         options = [s for s in ranked if s.sure and _family(s.spec.names) == family and s.spec.names != self.current.names]
         if NGRAM_NAME not in self.current.names or self._ngram_key is not None:
             r = room if room <= max(self.grid) else None
-            prediction = self._predict(self.current, room=r, cls=self._ngram_key)
+            prediction = self._plan.predict(self.current, room=r, cls=self._ngram_key)
             kept = self._check_sure(self._score(Scored(self.current, prediction), position, room, cached), alone, room)
             if len(self.current.names) > 1:
-                bold = self._predict(self.current, "bold", r, self._ngram_key).seconds_per_token
+                bold = self._plan.predict(self.current, Rates.BOLD, r, self._ngram_key).seconds_per_token
                 kept.holds = bold + kept.catch_up_per_token < alone.score
             if len(self.current.names) == 1 or kept.holds:
                 options.append(kept)
@@ -682,7 +560,7 @@ class Router:
             # shortest (a 16-token block verified by an fp32 target on a CPU costs more than
             # 3% of a first request; one token tells less, but it tells).
             for spec in (scored.spec, ChainSpec(scored.spec.names, (1,) * len(scored.spec.draft_lengths))):
-                real = self._predict(spec, room=r, cls=self._ngram_key)
+                real = self._plan.predict(spec, room=r, cls=self._ngram_key)
                 extra = max(0.0, real.cycle_seconds - real.tokens_per_cycle * best_rate) + scored.catch_up
                 if extra <= budget:
                     probe = scored if spec == scored.spec else Scored(spec, real, scored.catch_up, scored.score)
@@ -695,7 +573,7 @@ class Router:
             return
         shown = ranked[:8] + ([probe] if probe is not None else [])
         names = sorted({n for s in shown for n in s.spec.names}, key=self.names.index)
-        keys = [self._key(n, self._ngram_key) for n in names]
+        keys = [level_key(n, self._ngram_key) for n in names]
         pairs = {f"{j}->{i}": {"rate": round(self._rate(j, i), 3), "count": round(self.acceptance.count(j, i), 1)}
                  for j, i in itertools.combinations(keys, 2)}
         costs = {n: {str(k): round(self.costs.seconds(n, k) * 1e3, 3) for k in (1, 2, 4, 8)} for n in names if n != NGRAM_NAME}
@@ -718,12 +596,14 @@ class Router:
         self.costs.observe_rows(self._row_kind, rows, seconds)
         self._rows_seconds += seconds
 
-    def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int) -> None:
+    def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int,
+                  match: int = 0) -> None:
         key = proposer
         if proposer == NGRAM_NAME:
-            # A block it found nothing for ends like a rejection: the cycle's class pays (its fill).
-            size = self.ngram.last_size if self.ngram is not None else 0
-            key = ngram_key(size) if size else self._ngram_key
+            # Filed under the match class of the lookup that drafted this block (every block a
+            # middle level asks of it has its own). A block it found nothing for ends like a
+            # rejection: the cycle's class pays (its fill).
+            key = ngram_key(match) if match else self._ngram_key
         if key is not None:
             self.acceptance.observe(key, verifier, proposals, q, p, requested, n_accepted)
         # Row 0 of each level's first call in a cycle is its distribution at the cycle's

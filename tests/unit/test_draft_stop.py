@@ -66,7 +66,7 @@ class Recorder(ScriptedRouter):
         super().__init__(target, [chain])
         self.blocks = []
 
-    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested):
+    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match=0):
         self.blocks.append((len(proposals), n_accepted, requested))
 
 

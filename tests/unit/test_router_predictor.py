@@ -56,7 +56,7 @@ class _Observer(ScriptedRouter):
         self.greedy = greedy
         self.scores, self.fills = {}, {}
 
-    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested):
+    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match=0):
         pair = (proposer, verifier)
         self.scores.setdefault(pair, []).extend(position_scores(proposals, q, p, self.greedy, requested, n_accepted))
         self.fills.setdefault(pair, []).append(len(proposals) / requested)

@@ -1,0 +1,57 @@
+"""Router sessions: each request of a batch routes on its own state, and learns under its own
+evidence, while the global estimates and costs are shared."""
+
+from __future__ import annotations
+
+from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine.batch import BatchScheduler, SeqRequest
+from specrouter.router.scheduler import ngram_key
+
+from ..router_synth import linear, make_router
+from ..test_batch import drain, finished
+
+
+def test_each_request_files_ngram_acceptance_under_its_own_match_class():
+    """Two requests in one batch draft with the n-gram in the same steps, with different suffix
+    matches (one prompt already repeats, the other does not yet): every block the target
+    verifies is filed under the match class of the lookup that drafted it, in that request's
+    own context, not under whatever another request looked up last."""
+    # An order-1 target: its greedy text cycles through a few tokens, so n-gram drafts pay, and
+    # a flat verification cost (GPU-like) makes the router use them.
+    target = SyntheticBackend("target", vocab=12, order=1, latency=linear(0.05, 0.0005), params_b=1.0)
+    router = make_router(target, [])
+    lookup = NgramDrafter(max_ngram=router.ngram.max_ngram)
+    filed: dict[str, list[tuple[str, str]]] = {"a": [], "b": []}  # (filed key, expected key)
+    sessions = {}
+
+    def plan(request: SeqRequest):
+        rid = "a" if request.max_tokens == 60 else "b"
+        session = sessions[rid] = router.session()
+        contexts: list = []
+        choose, observe = session.choose, session.acceptance.observe
+
+        def spy_choose(position, room, cached=None, context=None):
+            contexts.append(list(context))
+            return choose(position, room, cached, context)
+
+        def spy_observe(proposer, verifier, proposals, q, p, requested, n_accepted):
+            if proposer.startswith(NGRAM_NAME):
+                filed[rid].append((proposer, ngram_key(lookup.lookup(contexts[-1], 1)[1])))
+            observe(proposer, verifier, proposals, q, p, requested, n_accepted)
+
+        session.choose, session.acceptance.observe = spy_choose, spy_observe
+        return session
+
+    scheduler = BatchScheduler(plan, max_batch=2)
+    repeating = [3, 7, 1, 9, 4] * 4
+    scheduler.add("a", SeqRequest(repeating, SamplingParams(), 60))
+    scheduler.add("b", SeqRequest([5, 2], SamplingParams(), 61))
+    events = drain(scheduler)
+    assert finished(events["a"]).token_ids and finished(events["b"]).token_ids
+    both = filed["a"] + filed["b"]
+    assert len(both) >= 10, "the n-gram drafted too rarely for the test to mean anything"
+    assert {e for _, e in filed["a"]} != {e for _, e in filed["b"]}, "the requests' match histories did not differ"
+    wrong = [(k, e) for k, e in both if k != e]
+    assert not wrong, f"{len(wrong)} of {len(both)} blocks filed under another request's match class: {wrong[:3]}"
