@@ -1,0 +1,234 @@
+"""The planner of a router session: the candidate chains' best draft lengths, re-planned only
+when the inputs moved enough to matter.
+
+Candidates: the target alone, and every subset of the draft models (in size order), each with
+or without the n-gram level at the bottom. Inputs (PlanInputs): the acceptance tables of every
+pair, the cost model's snapshot, the Python cost per row, the room and the batch size.
+
+Cheap per cycle: draft lengths are searched again only when an input moved enough (an
+acceptance by > RATE_TOLERANCE, a cost relative to the target's by > COST_TOLERANCE; for such
+small moves at most every PLAN_EVERY cycles, for BIG_MOVE tolerances at once), and then locally
+around the last optimum (a full search every FULL_SEARCH_EVERY re-plans). The n-gram level's
+acceptance is kept per suffix-match class: its chains are planned per class, lazily (when a
+cycle with that class first needs them after a re-plan), and a move of one class's estimates
+re-plans that class only (every shadow score moves a class's per-request estimate by ~0.1, and
+a search per class after every plan was most of the router's time).
+
+Exploration inputs: a pair is optimistic at its estimate + EXPLORE_BONUS / sqrt(count + 1), or
+at its global rate when it was left after a bad stretch (AcceptanceEstimator.stale_low); a
+chain gets an optimistic plan while one of its pairs has fewer than CONFIDENT observations or
+is stale. Caution: the cautious and bold tables are CAUTION_Z standard errors below and above
+the estimate (the session's policy enters and leaves chains on them).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Sequence
+
+from specrouter.backends.ngram import NGRAM_NAME
+from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.plan import Pair, Plan, PlanInputs, Rates, Scored, level_key
+from specrouter.router.profiler import OnlineCosts
+
+EXPLORE_BONUS = 0.5
+#: The cautious and bold rates lie this many standard errors below and above the estimate:
+#: about 1 in 6 chances each that the true rate is beyond.
+CAUTION_Z = 1.0
+CONFIDENT = 48  # positions after which a pair is no longer probed
+FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
+COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
+PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 tolerances at once
+
+Plans = dict[tuple[str, ...], Scored]
+
+
+class Planner:
+    """Best and optimistic plans per candidate chain for one request."""
+
+    def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str, grid: Sequence[int],
+                 drafts: Sequence[str], ngram_keys: Sequence[str]) -> None:
+        self.acceptance, self.costs, self.target, self.grid = acceptance, costs, target, tuple(grid)
+        self.ngram_keys = list(ngram_keys)
+        self.chains: list[tuple[str, ...]] = []
+        for size in range(len(drafts) + 1):
+            for subset in itertools.combinations(drafts, size):
+                self.chains.append((*subset, target))
+                if ngram_keys:
+                    self.chains.append((NGRAM_NAME, *subset, target))
+        self.models = [*drafts, target]
+        self.replans = 0
+        self.plan: Plan | None = None
+        self.start()
+
+    def start(self) -> None:
+        """A new request: its first plan is a full search."""
+        self._inputs: PlanInputs | None = None
+        self._planned_at = -PLAN_EVERY
+        self._class_planned_at: dict[str, int] = {}  # cycle of each match class's own re-plan
+        # Plans of the chains without the n-gram level, and per match class of those with it.
+        self._best: Plans = {}
+        self._optimistic: Plans = {}
+        self._by_class: dict[str, tuple[Plans, Plans]] = {}
+        self._previous_by_class: dict[str, tuple[Plans, Plans]] = {}
+
+    def exclude(self, name: str) -> None:
+        """Plan without this model from now on."""
+        self.chains = [c for c in self.chains if name not in c]
+        self.models = [m for m in self.models if m != name]
+        self._inputs, self._best, self._optimistic, self._by_class = None, {}, {}, {}
+
+    def estimate_names(self) -> list[str]:
+        return [*self.ngram_keys, *self.models]
+
+    def rate(self, proposer: str, verifier: str) -> float:
+        return self.acceptance.rate(proposer, verifier, self.estimate_names())
+
+    def pairs_to_probe(self, names: Sequence[str], cls: str | None) -> list[Pair]:
+        """The chain's adjacent pairs that only running it can teach: all but the n-gram's
+        under the target, which the shadow lookup scores in every cycle with a match (against
+        the target's rows, or its output when it runs alone), whatever chain runs."""
+        return [(level_key(j, cls), i) for j, i in zip(names, names[1:])
+                if not (j == NGRAM_NAME and i == self.target)]
+
+    def plans(self, cls: str | None) -> tuple[Plans, Plans]:
+        """The best and the optimistic plans of this cycle: with a match of class `cls`, the
+        n-gram chains too (without one they are their families' other members)."""
+        if cls is None:
+            return self._best, self._optimistic
+        by_class = self._by_class.get(cls)
+        if by_class is None:  # one class per cycle, so at most one more search per cycle
+            chains = [c for c in self.chains if NGRAM_NAME in c]
+            by_class = self._by_class[cls] = self._plans(chains, cls, self._previous_by_class.get(cls, ({}, {})),
+                                                         rescore=cls in self.plan.rescore)
+        return {**self._best, **by_class[0]}, {**self._optimistic, **by_class[1]}
+
+    # Re-planning -----------------------------------------------------------------------------
+    def refresh(self, room: int, batch: int, row_kind: str, cycle: int, now: bool = False) -> None:
+        """Before a cycle: re-plan if the inputs moved enough (`now`: whatever they did, after a
+        probe, whose observations are what the next choice needs)."""
+        inputs = self._measure(room, batch, row_kind)
+        base, classes = self._move(self._inputs, inputs)
+        if not now and not self._due(base, cycle - self._planned_at):
+            for cls, move in classes.items():
+                if move >= 1 and cycle - self._class_planned_at.get(cls, self._planned_at) >= PLAN_EVERY:
+                    self._replan_class(cls, inputs, cycle)
+            return
+        self._planned_at = cycle
+        self._class_planned_at = {}
+        self._inputs = inputs
+        self.replans += 1
+        full = self.replans % FULL_SEARCH_EVERY == 1
+        # The n-gram chains keep their draft lengths, re-scored when a cycle of their class
+        # needs them; their lengths are searched again when their own estimates move
+        # (_replan_class), at the periodic full search and when the problem changed (room,
+        # batch).
+        rescore = set() if full or math.isinf(base) else set(self.ngram_keys)
+        cost = functools.lru_cache(maxsize=None)(functools.partial(self._batch_cost, batch=batch))
+        self.plan = Plan(inputs, cost, self.grid, room if room <= max(self.grid) else None, full, rescore)
+        self._previous_by_class = {**self._previous_by_class, **self._by_class}
+        self._by_class = {}
+        self._best, self._optimistic = self._plans([c for c in self.chains if NGRAM_NAME not in c], None,
+                                                   (self._best, self._optimistic))
+
+    def _measure(self, room: int, batch: int, row_kind: str) -> PlanInputs:
+        # Chains run in size order, so a proposer is always smaller than its verifier.
+        pairs = [*itertools.combinations(self.models, 2), *((k, m) for k in self.ngram_keys for m in self.models)]
+        names, acc = self.estimate_names(), self.acceptance
+        rates = {(j, i): acc.rate(j, i, names) for j, i in pairs}
+        cautious = {(j, i): acc.cautious(j, i, names, CAUTION_Z) for j, i in pairs}
+        bold = {(j, i): acc.bold(j, i, names, CAUTION_Z) for j, i in pairs}
+        optimistic, stale = {}, set()
+        for j, i in pairs:
+            bonus = rates[(j, i)] + EXPLORE_BONUS / math.sqrt(acc.count(j, i) + 1)
+            low = acc.stale_low(j, i)
+            if low is not None:
+                stale.add((j, i))
+            optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
+        return PlanInputs(rates, optimistic, cautious, bold, stale, {(j, i): acc.fill(j, i) for j, i in pairs},
+                          self.costs.snapshot(), self.costs.row_seconds(row_kind), min(room, max(self.grid) + 1), batch)
+
+    def _move(self, old: PlanInputs | None, new: PlanInputs) -> tuple[float, dict[str, float]]:
+        """How far the inputs moved since they were planned with, in tolerances (>= 1: enough
+        to matter; timings jitter every cycle): for the chains without the n-gram level, and
+        per match class for the n-gram's own pairs (which move only that class's plans).
+        Infinite when the problem itself changed."""
+        if old is None or old.batch != new.batch or old.costs.keys() != new.costs.keys():
+            return math.inf, {}
+        if old.room != new.room:  # the last tokens of a request: every cycle, at once
+            return BIG_MOVE, {}
+        # Model costs count relative to the target's: a level that moves for all (the machine's
+        # speed, which jitters by several % from forward to forward) changes no choice, while
+        # it re-planned every few cycles. Shapes (model@n) are relative already.
+        t = self.target
+        base = [abs(new.costs[k] / new.costs.get(t, 1.0) - v / old.costs.get(t, 1.0))
+                / (COST_TOLERANCE * max(abs(v / old.costs.get(t, 1.0)), 1e-9))
+                for k, v in old.costs.items() if k not in ("overhead", NGRAM_NAME, t)]
+        if NGRAM_NAME in old.costs:  # a lookup of ~20 us: its level jitters by tens of %, harmlessly
+            base.append(abs(new.costs[NGRAM_NAME] - old.costs[NGRAM_NAME]) * self.costs.profile.ngram_seconds / 2e-4)
+        base.append(abs(new.costs["overhead"] - old.costs["overhead"]) / 5e-4)
+        base.append(abs(new.row - old.row) / 2e-4)
+        classes: dict[str, float] = {}
+
+        def note(pair: Pair, move: float) -> None:
+            if pair[0] in self.ngram_keys:
+                classes[pair[0]] = max(classes.get(pair[0], 0.0), move)
+            else:
+                base.append(move)
+
+        for (old_table, tolerance), (new_table, _) in zip(old.tolerance_tables(), new.tolerance_tables()):
+            for pair, value in old_table.items():
+                note(pair, abs(new_table[pair] - value) / tolerance)
+        for pair in old.stale ^ new.stale:
+            note(pair, BIG_MOVE)  # a pair became worth probing, or stopped being
+        return max(base), classes
+
+    @staticmethod
+    def _due(move: float, cycles_since: int) -> bool:
+        # A small move waits until PLAN_EVERY cycles have passed since the last plan: the
+        # per-request estimates and the cost EMAs cross one tolerance most cycles, and a plan
+        # costs ~2 ms of Python, ~2.5% of a CPU token. A large move re-plans at once.
+        return move >= BIG_MOVE or (move >= 1 and cycles_since >= PLAN_EVERY)
+
+    def _replan_class(self, cls: str, inputs: PlanInputs, cycle: int) -> None:
+        """Take up the new estimates of one match class of the n-gram (the plan's inputs are
+        those the next moves are measured from: one update serves both); its chains are planned
+        again when a cycle needs them."""
+        self.plan.forget_class(cls, inputs)
+        if cls in self._by_class:
+            self._previous_by_class[cls] = self._by_class.pop(cls)
+        self._class_planned_at[cls] = cycle
+
+    def _plans(self, chains: list[tuple[str, ...]], cls: str | None, previous: tuple[Plans, Plans],
+               rescore: bool = False) -> tuple[Plans, Plans]:
+        """Best draft lengths per chain, and optimistic ones for chains with a barely observed
+        pair; with `rescore`, the previous lengths predicted again where there are some."""
+        p = self.plan
+
+        def plan(names, kind, plans):
+            if names in plans and not p.full:
+                spec = plans[names].spec
+                if rescore:
+                    return Scored(spec, p.predict(spec, kind, p.window, cls))
+                return p.best_lengths(names, kind, spec.draft_lengths, cls)
+            return p.best_lengths(names, kind, None, cls)
+
+        best = {names: plan(names, Rates.ESTIMATE, previous[0]) for names in chains}
+        optimistic = {}
+        for names in chains:
+            pairs = self.pairs_to_probe(names, cls)
+            if any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in p.inputs.stale for j, i in pairs):
+                optimistic[names] = plan(names, Rates.OPTIMISTIC, previous[1])
+        return best, optimistic
+
+    def _batch_cost(self, name: str, n: float, batch: int) -> float:
+        """What one forward of this sequence's n tokens costs the batch it runs in. The
+        target runs for every sequence every cycle: one call over the batch, priced as if
+        all fed n tokens. Any other model may run for this sequence alone, and the whole
+        batch waits for that call (the scheduler serves one model after another), so its
+        time counts once per waiting sequence: speculation must pay for everyone's time."""
+        if name == self.target:
+            return self.costs.seconds(name, n, batch)
+        return batch * self.costs.seconds(name, n)
