@@ -26,16 +26,14 @@ alone with every acceptance planner.CAUTION_Z standard errors below its estimate
 estimator's cautious rate: a request's own estimate remembers ~19 positions, and a pair
 seen a few times is barely known); it is kept until it loses to the target alone even
 with every acceptance CAUTION_Z standard errors above its estimate (the bold rate).
-Picking the argmin of noisy estimates favours the chains whose estimates are
-high by chance, and on a CPU where verifying k tokens costs nearly k forwards, a gain of
-a few percent at best, that bias alone made auto slower than the target alone.
+Picking the argmin of noisy estimates favours the chains whose estimates are high by
+chance (docs/router-design.md has the measurements behind this and the rules below).
 
 Exploration: a chain whose pairs are barely observed is probed for one cycle when its
 optimistic prediction (acceptance + EXPLORE_BONUS / sqrt(count + 1)) would beat the
 current best; so is a chain left after a bad stretch of this request, optimistically at
 the global estimate (AcceptanceEstimator.stale_low: the stretch may have passed, and its
-own estimate only drifts back as it goes stale, which with an fp32 target at 0.7 s a
-token took ~100 tokens while the chain would have run 1.7x faster), and a chain that
+own estimate only drifts back as it goes stale), and a chain that
 beats the choice on its estimate but not for sure (its probes are the own data that
 make it sure, or show it is not). After a probe the next choice is re-planned at once.
 Probes run only while their measured extra time stays within EXPLORE_FRACTION of
