@@ -127,7 +127,7 @@ MUTANTS = [
                  "            out += tokens\n            dists += d\n            if len(tokens) <= below:\n"
                  "                break\n"),), lossless=True),
     Mutant("no-rollback-after-commit", "rejected positions stay cached until the model is next used",
-           (Edit("specrouter/engine/generate.py", "        self.context += new\n        self.state.rollback_to(self.context)\n",
+           (Edit("specrouter/engine/request.py", "        self.context += new\n        self.state.rollback_to(self.context)\n",
                  "        self.context += new\n"),)),
     Mutant("prepare-keeps-mismatch", "catch-up keeps the first mismatching cached token",
            (Edit("specrouter/state.py", "keep = min(common_prefix(cached, tokens), len(tokens) - n_logits)",

@@ -16,6 +16,7 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.cli_torch import convert
 from specrouter.engine import GenerationResult, generate_stream
+from specrouter.engine.request import check_max_tokens
 from specrouter.errors import EmptyPromptError, InvalidParameterError, SpecRouterError
 from specrouter.models import DEFAULT_POOL, check_pulled_integrity, is_pulled, model_path, pull
 from specrouter.pool import Pool, parse_chain, parse_draft_lengths
@@ -89,8 +90,7 @@ def generate(prompt, chat, chain, target, explain, draft_lengths, temperature, t
     if (prompt is None) == (chat is None):
         raise InvalidParameterError("give exactly one of --prompt TEXT or --chat TEXT")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    if max_tokens < 1:
-        raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens}")
+    check_max_tokens(max_tokens)  # before any model loads
     if not (prompt or chat):
         raise EmptyPromptError("the prompt is empty: give at least one token of text")
     specs = parse_chain(chain)

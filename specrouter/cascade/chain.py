@@ -198,10 +198,10 @@ class CycleRunner:
             except StopIteration as done:
                 return done.value
             start = self.clock()
-            seq, fresh, pos, n_logits = self.state.prepare(request.backend, request.tokens, request.n_logits)
-            logits = request.backend.decode(seq, fresh, pos, n_logits)
-            self.state.fed(request.backend, fresh)
-            request.seconds, request.fed = self.clock() - start, len(fresh)
+            before = self.state.evaluated.get(request.backend.name, 0)
+            logits = self.state.evaluate(request.backend, request.tokens, request.n_logits)
+            request.seconds = self.clock() - start
+            request.fed = self.state.evaluated[request.backend.name] - before
 
     def steps(self, context: Sequence[int], max_new: int) -> Generator[EvalRequest, np.ndarray, list[int]]:
         """The same cycle as a generator: it yields every forward it needs and is sent the

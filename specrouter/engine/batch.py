@@ -20,7 +20,7 @@ import numpy as np
 
 from specrouter.cascade.chain import Chain, EvalRequest
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.engine.generate import ChainRouter, GenerationResult, SequenceRun
+from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
 from specrouter.errors import InvalidParameterError
 
 

@@ -1,107 +1,21 @@
-"""Generation of one request over a chain: cycles, stop conditions, streaming text.
+"""Generation of one request, alone: the library's and the CLI's driver.
 
-The chain is either fixed (a Chain) or chosen before every cycle by a router (see
-ChainRouter): switching between cycles needs no bookkeeping, because the state manager
-lets a model that sat out catch up lazily, and it keeps the output exact, because every
-cycle emits tokens distributed as the target's whatever chain produced them.
-
-Stop rules: EOS ends generation and is not emitted; a stop string cuts the text
-before it and token_ids keep only the tokens that make up the kept text (a token that
-straddles the cut stays); max_tokens caps the emitted tokens. Text is streamed with a hold-back: a tail that could still become a
-stop string (or is an incomplete UTF-8 character) is not shown until it is resolved.
+It runs the request's cycles one after the other (CycleRunner.cycle), streaming text as
+tokens are committed; request.py holds the request's state machine, stop rules and result,
+and batch.py drives many requests together.
 """
 
 from __future__ import annotations
 
-import codecs
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from specrouter.backends.base import Backend
-from specrouter.cascade.chain import Chain, CycleObserver, CycleRunner, LevelStats
+from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.cascade.verify import residual
-from specrouter.errors import EmptyPromptError, InvalidParameterError, PromptTooLongError
-from specrouter.state import SequenceState
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or stop string) or "length" (max_tokens or context full)
-    chain: list[str]
-    draft_lengths: list[int]
-    levels: list[LevelStats]
-    cycles: int
-    prompt_tokens: int
-    wall_seconds: float
-    evaluated_tokens: dict[str, int] = field(default_factory=dict)
-    #: Distinct (chain names, draft lengths) used, and per cycle the index of the one it ran.
-    chains_used: list[tuple[list[str], list[int]]] = field(default_factory=list)
-    chains_per_cycle: list[int] = field(default_factory=list)
-    #: The router's recorded decisions (empty for a fixed chain), for --explain.
-    decisions: list[dict] = field(default_factory=list)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.token_ids) / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "finish_reason": self.finish_reason,
-            "chain": self.chain,
-            "draft_lengths": self.draft_lengths,
-            "levels": [s.as_dict() for s in self.levels],
-            "cycles": self.cycles,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": len(self.token_ids),
-            "mean_tokens_per_cycle": len(self.token_ids) / self.cycles if self.cycles else 0.0,
-            "wall_seconds": round(self.wall_seconds, 4),
-            "tokens_per_second": round(self.tokens_per_second, 3),
-            "evaluated_tokens": self.evaluated_tokens,
-            "chains_used": [{"chain": c, "draft_lengths": k} for c, k in self.chains_used],
-            "chains_per_cycle": self.chains_per_cycle,
-            **({"router_decisions": self.decisions} if self.decisions else {}),
-        }
-
-
-class ChainRouter(CycleObserver, Protocol):
-    """Chooses the chain of every cycle and learns from the cycle's observations."""
-
-    target: Backend
-    models: Sequence[Backend]  # every model it may put in a chain
-
-    def start(self, params: SamplingParams, prompt_tokens: int, max_tokens: int) -> None: ...
-
-    def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int]) -> Chain:
-        """position: committed tokens so far; room: most tokens this cycle may emit;
-        cached: per model name, committed tokens its cache already holds; context: the
-        committed tokens (read-only, for a drafter's shadow lookup)."""
-
-    def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
-        """new_tokens: what the target emitted this cycle; seconds: the cycle's time."""
-
-    def finish(self) -> None: ...
-
-    decisions: list
-
-
-def check_prompt(chain: Chain | ChainRouter, prompt_tokens: Sequence[int]) -> None:
-    if not prompt_tokens:
-        raise EmptyPromptError("the prompt is empty: give at least one token of text")
-    n_ctx = min(m.n_ctx for m in chain.models)
-    if len(prompt_tokens) >= n_ctx:
-        raise PromptTooLongError(
-            f"the prompt has {len(prompt_tokens)} tokens but the context holds {n_ctx} "
-            f"(at least one position must stay free for generation); shorten the prompt or raise --n-ctx"
-        )
+from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
 
 
 def generate_stream(
@@ -133,219 +47,11 @@ def generate_stream(
     yield result
 
 
-class SequenceRun:
-    """One request's generation between cycles: committed tokens, text and stop rules,
-    statistics, and the router's choice per cycle. Whoever drives it runs each cycle,
-    alone (CycleRunner.cycle) or batched with other sequences (CycleRunner.steps)."""
-
-    def __init__(self, chain: Chain | ChainRouter, prompt_tokens: Sequence[int], params: SamplingParams,
-                 max_tokens: int, stop: Sequence[str] = (), rng: np.random.Generator | None = None,
-                 detokenize: Callable[[int], bytes] | None = None, residual_fn=residual,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens}")
-        if any(not s for s in stop):
-            raise InvalidParameterError("stop strings must be non-empty")
-        check_prompt(chain, prompt_tokens)
-        self.params, self.max_tokens, self.clock = params, max_tokens, clock
-        self.rng = rng if rng is not None else np.random.default_rng(params.seed)
-        self._residual = residual_fn
-        self.n_ctx = min(m.n_ctx for m in chain.models)
-        self.chain = chain
-        self.router = None if isinstance(chain, Chain) else chain
-        self.eos_ids = chain.eos_ids if self.router is None else chain.target.eos_ids
-        self.state = SequenceState()
-        # Statistics per model name, shared by every chain that model runs in.
-        self.stats: dict[str, LevelStats] = {}
-        self._used: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
-        self._per_cycle: list[int] = []
-        self._runner: CycleRunner | None = None
-        if self.router is None:
-            self._runner = CycleRunner(chain, self.state, params, self.rng, residual_fn=residual_fn, clock=clock)
-            self.stats = {s.name: s for s in self._runner.stats}
-        else:
-            self.router.start(params, len(prompt_tokens), max_tokens)
-        self.prompt_tokens = len(prompt_tokens)
-        self.context = list(prompt_tokens)
-        self.generated: list[int] = []
-        self._text = _TextTracker(detokenize or chain.target.token_bytes, stop)
-        self.finish_reason = "length"
-        self.finished = False
-        self.cycles = 0
-        self._started = time.perf_counter()
-        self._wall = 0.0
-        self._cycle_start = 0.0
-        self._released = False
-
-    @property
-    def room(self) -> int:
-        """The most tokens the next cycle may emit."""
-        return min(self.max_tokens - len(self.generated), self.n_ctx - len(self.context))
-
-    def start_cycle(self, batch_size: int = 1) -> CycleRunner | None:
-        """The runner of the next cycle (its chain chosen now), or None when generation is over.
-        batch_size: sequences that will advance together with this one (for the router)."""
-        if self.finished or self.room <= 0:
-            self.finished = True
-            return None
-        if self.router is not None:
-            self.router.batch_size = batch_size
-            current = self.router.choose(len(self.context), self.room, self.state.committed_lengths(self.context),
-                                         self.context)
-            levels = [self.stats.setdefault(lv.name, LevelStats(lv.name)) for lv in current.levels]
-            self._runner = CycleRunner(current, self.state, self.params, self.rng, stats=levels,
-                                       residual_fn=self._residual, observer=self.router, clock=self.clock)
-        runner = self._runner
-        key = (tuple(runner.chain.names), tuple(runner.chain.draft_lengths))
-        self._per_cycle.append(self._used.setdefault(key, len(self._used)))
-        self._cycle_start = self.clock()
-        return runner
-
-    def end_cycle(self, new: Sequence[int]) -> str:
-        """Commit what the target emitted; returns the text that may be shown now."""
-        if self.router is not None:
-            self.router.end_cycle(new, self.clock() - self._cycle_start)
-        self.cycles += 1
-        for token in new:
-            if token in self.eos_ids:
-                self.finish_reason, self.finished = "stop", True
-                return ""
-            self.generated.append(token)
-            if self._text.add(token):
-                self.finish_reason, self.finished = "stop", True
-                return ""
-        self.context += new
-        self.state.rollback_to(self.context)
-        return self._text.flush(final=False)
-
-    @property
-    def target(self) -> Backend:
-        return self.chain.target
-
-    def abandon_cycle(self) -> None:
-        """The cycle in progress was dropped (a model failed): nothing of it is committed."""
-        self._per_cycle.pop()
-        self.state.rollback_to(self.context)
-
-    def drop_model(self, name: str) -> None:
-        """Generate without this (non-target) model from the next cycle on."""
-        if self.router is not None:
-            self.router.exclude(name)
-            return
-        chain = self.chain
-        keep = [i for i, level in enumerate(chain.levels) if level.name != name]
-        # A level's draft length is what it proposes upward: the kept levels keep theirs.
-        self.chain = Chain([chain.levels[i] for i in keep], [chain.draft_lengths[i] for i in keep[:-1]], chain.eos_ids)
-        self._runner = CycleRunner(self.chain, self.state, self.params, self.rng,
-                                   stats=[self.stats[level.name] for level in self.chain.levels],
-                                   residual_fn=self._residual, clock=self.clock)
-
-    def release(self) -> None:
-        """Free every KV slot of this sequence (idempotent: finished, failed or cancelled)."""
-        if self._released:
-            return
-        self._released = True
-        self._wall = time.perf_counter() - self._started
-        self.evaluated = dict(self.state.evaluated)
-        self.state.release()
-        if self.router is not None:
-            self.router.finish()
-
-    def result(self) -> tuple[str, GenerationResult]:
-        """After release(): the last text delta and the result."""
-        generated = self.generated[: self._text.n_tokens]
-        delta = self._text.flush(final=True)
-        chains_used = [(list(n), list(k)) for n, k in self._used]
-        if self.router is None:
-            names, lengths, levels = self.chain.names, list(self.chain.draft_lengths), self._runner.stats
-        else:
-            # The chain run most often stands for the request; levels list every model that ran.
-            per_cycle = self._per_cycle
-            top = max(range(len(self._used)), key=per_cycle.count) if self._used else None
-            names, lengths = chains_used[top] if top is not None else ([self.chain.target.name], [])
-            levels = sorted(self.stats.values(), key=lambda s: _level_order(self.router, s.name))
-        decisions = getattr(self.router, "decisions", [])
-        return delta, GenerationResult(
-            text=self._text.text,
-            token_ids=generated,
-            finish_reason=self.finish_reason,
-            chain=names,
-            draft_lengths=lengths,
-            levels=levels,
-            cycles=self.cycles,
-            prompt_tokens=self.prompt_tokens,
-            wall_seconds=self._wall,
-            evaluated_tokens=self.evaluated,
-            chains_used=chains_used,
-            chains_per_cycle=self._per_cycle,
-            decisions=[d.as_dict() if hasattr(d, "as_dict") else d for d in decisions],
-        )
-
-
-def _level_order(router: ChainRouter, name: str) -> tuple:
-    """Cheapest first, target last, as in a chain: n-gram, then models by size."""
-    if name == router.target.name:
-        return (2, 0.0)
-    model = next((m for m in router.models if m.name == name), None)
-    return (1, model.params_b) if model is not None else (0, 0.0)
-
-
-def generate(chain: Chain | ChainRouter, prompt_tokens: Sequence[int], params: SamplingParams, max_tokens: int, **kw) -> GenerationResult:
+def generate(chain: Chain | ChainRouter, prompt_tokens: Sequence[int], params: SamplingParams, max_tokens: int,
+             **kw) -> GenerationResult:
     """Run to completion and return only the result."""
     result = None
     for item in generate_stream(chain, prompt_tokens, params, max_tokens, **kw):
         result = item
     assert isinstance(result, GenerationResult)
     return result
-
-
-class _TextTracker:
-    """Decodes tokens to text incrementally and finds stop strings."""
-
-    def __init__(self, token_bytes: Callable[[int], bytes], stop: Sequence[str]) -> None:
-        self._bytes = token_bytes
-        self._stop = list(stop)
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""
-        self.n_tokens = 0  # tokens that contribute to the emitted text
-        self._ends: list[int] = []  # text length after each token
-        self._shown = 0
-        self._stopped = False
-
-    def add(self, token: int) -> bool:
-        """Append one token; True when a stop string completed (text is then cut before it)."""
-        before = len(self.text)
-        self.text += self._decoder.decode(self._bytes(token))
-        self.n_tokens += 1
-        self._ends.append(len(self.text))
-        if not self._stop:
-            return False
-        # Only a stop string that ends in the new text can be new; search from just before it.
-        window_start = max(0, before - max(len(s) for s in self._stop) + 1)
-        hits = [i for i in (self.text.find(s, window_start) for s in self._stop) if i >= 0]
-        if hits:
-            cut = min(hits)
-            self.text = self.text[:cut]
-            # Keep the fewest tokens whose text covers the kept text (a straddling token stays).
-            self.n_tokens = next((j + 1 for j, end in enumerate(self._ends) if end >= cut), 0) if cut else 0
-            self._stopped = True
-            return True
-        return False
-
-    def flush(self, final: bool) -> str:
-        """The text not shown yet, minus a tail that may still turn into a stop string."""
-        if final and not self._stopped:
-            self.text += self._decoder.decode(b"", final=True)
-        end = len(self.text) if final else len(self.text) - self._holdback()
-        delta = self.text[self._shown : end]
-        self._shown = max(self._shown, end)
-        return delta
-
-    def _holdback(self) -> int:
-        longest = 0
-        for s in self._stop:
-            for n in range(min(len(s) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(s[:n]):
-                    longest = max(longest, n)
-                    break
-        return longest

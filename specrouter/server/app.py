@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.engine.batch import SeqRequest, Speculation
-from specrouter.engine.generate import GenerationResult
+from specrouter.engine.request import GenerationResult
 from specrouter.errors import BackendError, SpecRouterError
 from specrouter.server import schemas as s
 from specrouter.server.config import ServeConfig

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from specrouter.backends.base import Backend
 from specrouter.engine.batch import BatchScheduler, Delta, Event, Failed, Finished, SeqRequest
-from specrouter.engine.generate import GenerationResult
+from specrouter.engine.request import GenerationResult
 from specrouter.errors import SpecRouterError
 from specrouter.server.metrics import Metrics
 

@@ -8,7 +8,7 @@ from specrouter.backends.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain, CycleRunner
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.engine.generate import SequenceRun
+from specrouter.engine.request import SequenceRun
 from specrouter.state import SequenceState, common_prefix
 
 
