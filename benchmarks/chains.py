@@ -27,6 +27,7 @@ Writes router-<date>.json, router-<date>.md and PNG plots to benchmarks/results/
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -142,14 +143,21 @@ def compare(methods: dict[str, Runner], prompts: list, pool: Pool, max_tokens: i
     return runs
 
 
-def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, auto_only: bool = False) -> dict:
+def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, auto_only: bool = False,
+        router_dir: Path | None = None) -> dict:
+    """router_dir: where the router's cost profile and acceptance estimates are read (and a
+    missing profile written); None: a fresh folder, i.e. no saved estimates and a profile
+    measured at the start of the run (never the user's cache: its contents would be an input)."""
     started = time.perf_counter()
+    fresh = router_dir is None
+    if fresh:
+        router_dir = Path(tempfile.mkdtemp(prefix="specrouter-bench-router-"))
     phases = {}
     pool = Pool(n_ctx=4096, n_seq_max=1)
     target = pool.level(TARGET)
     prompts = load_prompts(target, per_dataset)
     costs = forward_costs(pool, (SMALL, TARGET))
-    profile = load_or_profile([pool.level(SMALL), target])
+    profile = load_or_profile([pool.level(SMALL), target], router_dir)
     native, native_error = (None, "not run (--auto-only)") if auto_only else open_native(target)
     phases["setup"] = time.perf_counter() - started
 
@@ -163,7 +171,7 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     methods = {BASELINE: static_runner(pool, [TARGET], ())}
     methods.update({m: factories[m](best[m]) for m in factories})
     # One router for the whole run, as a server would keep it: its estimates carry over.
-    router = auto_router(pool, TARGET, [SMALL, TARGET], progress=False)
+    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=router_dir, progress=False)
     methods["auto"] = lambda tokens, params, n: run_routed(router, tokens, params, n)
     runs = compare(methods, prompts, pool, max_tokens)
     phases["main"] = time.perf_counter() - started - sum(phases.values())
@@ -179,7 +187,9 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
                      "datasets": list(DATASETS),
                      "modes": list(MODES), "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
                      "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "native_n_ctx": NATIVE_CTX,
-                     "n_threads": target.n_threads},
+                     "n_threads": target.n_threads,
+                     "router_start": "fresh: no saved estimates, profile measured at the start" if fresh
+                     else f"estimates and profile from {router_dir}"},
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
         "methods": {BASELINE: {"chain": [TARGET], "draft_lengths": []},
                     **{m: {"chain": STATIC.get(m, NATIVE), "draft_lengths": list(best[m])} for m in best},
@@ -215,11 +225,14 @@ def main() -> None:
     parser = benchmark_parser(__doc__, RESULTS)
     parser.add_argument("--auto-only", action="store_true", help="only the target alone and auto (no sweep, no static chains)")
     parser.add_argument("--stem", help="name of the result files (default: router[-auto]-<date>), e.g. to keep two runs of a day")
+    parser.add_argument("--router-dir", type=Path, help="the router's starting profile and acceptance estimates "
+                        "(default: none saved, the profile measured at the start; never the user's cache)")
     args = parser.parse_args()
     if args.render is not None:
         result = json.loads(args.render.read_text())
     else:
-        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.auto_only)
+        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.auto_only,
+                     args.router_dir)
     write_report(result, args.out, args.stem)
 
 

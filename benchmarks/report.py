@@ -34,7 +34,8 @@ def _header(result: dict) -> str:
             f"{s['per_dataset']} prompts each of {', '.join(s['datasets'])} (HumanEval as raw completion, GSM8K and "
             f"MT-Bench first turn through the chat template), {s['max_tokens']} new tokens, modes {', '.join(s['modes'])} "
             "(temperature 0.7: no top-k/top-p, one seed per prompt for every method). " + _order(result)
-            + " Tokens/s is wall time of the whole generation, prompt included.")
+            + " Tokens/s is wall time of the whole generation, prompt included."
+            + (f" Router at the start: {s['router_start']}." if "router_start" in s else ""))
 
 
 def _order(result: dict) -> str:
