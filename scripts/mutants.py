@@ -38,14 +38,15 @@ from pathlib import Path
 from specrouter.router.profiler import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Quick files first: pytest runs them in this order, and a mutant's run stops at its first failure.
 EXACTNESS_TESTS = [
-    "tests/unit/cascade",
     "tests/unit/test_verify.py",
     "tests/unit/test_state.py",
     "tests/unit/test_engine.py",
-    "tests/unit/test_batch.py",
-    "tests/unit/test_draft_stop.py",
     "tests/unit/test_ngram.py",
+    "tests/unit/test_draft_stop.py",
+    "tests/unit/test_batch.py",
+    "tests/unit/cascade",
     "tests/unit/test_sampling_exactness.py",
 ]
 #: The slow tier's long-horizon laws and its sentinel (the 3-token joint tests of
