@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 
@@ -14,4 +15,17 @@ def benchmark_parser(doc: str, results: Path) -> argparse.ArgumentParser:
     ap.add_argument("--sweep-tokens", type=int, default=48, help="new tokens per sweep run")
     ap.add_argument("--out", type=Path, default=results)
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
+    ap.add_argument("--router-dir", type=Path, help="the router's starting profile and acceptance estimates "
+                    "(default: none saved, the profile measured at the start; never the user's cache)")
     return ap
+
+
+def router_start(router_dir: Path | None) -> tuple[Path, str]:
+    """Where the router's cost profile and acceptance estimates are read (and a missing
+    profile written), and how the report states it. None: a fresh folder, i.e. no saved
+    estimates and a profile measured at the start of the run (never the user's cache: its
+    contents would be an input of the result)."""
+    if router_dir is None:
+        return Path(tempfile.mkdtemp(prefix="specrouter-bench-router-")), \
+            "fresh: no saved estimates, profile measured at the start"
+    return router_dir, f"estimates and profile from {router_dir}"

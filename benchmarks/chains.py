@@ -27,14 +27,13 @@ Writes router-<date>.json, router-<date>.md and PNG plots to benchmarks/results/
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks.args import benchmark_parser
+from benchmarks.args import benchmark_parser, router_start
 from benchmarks.machine import machine_info
 from benchmarks.measure import fixed_chain, forward_costs, prefill_seconds, run_fixed, run_routed
 from benchmarks.native import NativeLookup
@@ -145,13 +144,9 @@ def compare(methods: dict[str, Runner], prompts: list, pool: Pool, max_tokens: i
 
 def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, auto_only: bool = False,
         router_dir: Path | None = None) -> dict:
-    """router_dir: where the router's cost profile and acceptance estimates are read (and a
-    missing profile written); None: a fresh folder, i.e. no saved estimates and a profile
-    measured at the start of the run (never the user's cache: its contents would be an input)."""
+    """router_dir: the router's starting profile and estimates (benchmarks.args.router_start)."""
     started = time.perf_counter()
-    fresh = router_dir is None
-    if fresh:
-        router_dir = Path(tempfile.mkdtemp(prefix="specrouter-bench-router-"))
+    router_dir, router_state = router_start(router_dir)
     phases = {}
     pool = Pool(n_ctx=4096, n_seq_max=1)
     target = pool.level(TARGET)
@@ -188,8 +183,7 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
                      "modes": list(MODES), "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
                      "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "native_n_ctx": NATIVE_CTX,
                      "n_threads": target.n_threads,
-                     "router_start": "fresh: no saved estimates, profile measured at the start" if fresh
-                     else f"estimates and profile from {router_dir}"},
+                     "router_start": router_state},
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
         "methods": {BASELINE: {"chain": [TARGET], "draft_lengths": []},
                     **{m: {"chain": STATIC.get(m, NATIVE), "draft_lengths": list(best[m])} for m in best},
@@ -225,8 +219,6 @@ def main() -> None:
     parser = benchmark_parser(__doc__, RESULTS)
     parser.add_argument("--auto-only", action="store_true", help="only the target alone and auto (no sweep, no static chains)")
     parser.add_argument("--stem", help="name of the result files (default: router[-auto]-<date>), e.g. to keep two runs of a day")
-    parser.add_argument("--router-dir", type=Path, help="the router's starting profile and acceptance estimates "
-                        "(default: none saved, the profile measured at the start; never the user's cache)")
     args = parser.parse_args()
     if args.render is not None:
         result = json.loads(args.render.read_text())

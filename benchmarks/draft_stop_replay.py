@@ -24,7 +24,8 @@ import numpy as np
 from benchmarks.args import benchmark_parser
 from benchmarks.machine import machine_info
 from benchmarks.torch_target import MID, SMALL, TARGET, load_prompts
-from specrouter.cascade.chain import Chain, confidence
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.proposer import confidence
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
 from specrouter.pool import Pool

@@ -6,7 +6,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.drafters.ngram import NGRAM_NAME, NgramDrafter
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
@@ -21,9 +21,9 @@ class CountingNgram(NgramDrafter):
         super().__init__()
         self.requested = 0
 
-    def propose(self, context: Sequence[int], n: int) -> list[int]:
+    def lookup(self, context: Sequence[int], n: int) -> tuple[list[int], int]:
         self.requested += n
-        return super().propose(context, n)
+        return super().lookup(context, n)
 
 
 def fixed_chain(pool: Pool, names: Sequence[str], lengths: Sequence[int]) -> Chain:

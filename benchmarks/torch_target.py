@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.args import benchmark_parser
+from benchmarks.args import benchmark_parser, router_start
 from benchmarks.machine import machine_info
 from benchmarks.prompts import load
 from specrouter.cascade.chain import Chain
@@ -257,12 +257,14 @@ def verdicts(summary: dict[str, dict], runs: list[dict]) -> dict:
 
 
 def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, out: Path,
-        resume: dict | None = None, extend_to: int | None = None) -> dict:
+        resume: dict | None = None, extend_to: int | None = None, router_dir: Path | None = None) -> dict:
     """The whole benchmark, or with `resume` (a saved, stopped result) the prompts it had not
     measured yet: same settings and swept draft lengths, costs profiled afresh, one part
     more in `parts` (a run of ~4-8 min a prompt may not fit one sitting); `extend_to` raises
-    the saved run's prompts per dataset (the next prompts of each set)."""
+    the saved run's prompts per dataset (the next prompts of each set); router_dir: the
+    router's starting profile and estimates (benchmarks.args.router_start)."""
     started = time.perf_counter()
+    router_dir, router_state = router_start(router_dir)
     phases = {}
     if resume is not None:
         resume = extended(resume, extend_to)
@@ -272,10 +274,10 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     target, assistant = pool.level(TARGET), pool.level(TORCH_DRAFT)
     prompts = load_prompts(target, per_dataset)
     # The torch models' costs are measured afresh, under this run's conditions, for the router.
-    load_or_profile([target, assistant], force=True, progress=False)
+    load_or_profile([target, assistant], router_dir, force=True, progress=False)
     # One router for the whole run, as a server would keep it.
-    router = auto_router(pool, TARGET, [SMALL, MID, TARGET], progress=False)
-    profile = load_or_profile([pool.level(n) for n in (SMALL, MID, TORCH_DRAFT, TARGET)], progress=False)
+    router = auto_router(pool, TARGET, [SMALL, MID, TARGET], profile_dir=router_dir, progress=False)
+    profile = load_or_profile([pool.level(n) for n in (SMALL, MID, TORCH_DRAFT, TARGET)], router_dir, progress=False)
     profile_ms = {m: {n: round(1000 * s, 1) for n, s in sorted(t.items())} for m, t in profile.tables.items()}
     hf = hf_runner(target, assistant)
     hf(prompts[0][2], 4)  # transformers' first generate sets things up: keep that out of the runs
@@ -293,14 +295,15 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     methods.update({m: factories[m](best[m]) for m in CHAINS})
     methods[AUTO] = routed_runner(router)
     info = machine_info()
-    part = {"date": info["date"], "command": info["command"], "phase_seconds": {}, "profile_ms": profile_ms}
+    part = {"date": info["date"], "command": info["command"], "phase_seconds": {}, "profile_ms": profile_ms,
+            "router_start": router_state}
     if resume is None:
         result = {
             "machine": {**info, **_versions()},
             "settings": {"per_dataset": per_dataset, "max_tokens": max_tokens, "datasets": list(DATASETS),
                          "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
                          "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "oracle_ks": list(ORACLE_KS),
-                         "torch_threads": target.n_threads},
+                         "torch_threads": target.n_threads, "router_start": router_state},
             "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
             "methods": {ALONE: {"chain": [TARGET]}, HF: {"target": TARGET, "assistant": TORCH_DRAFT},
                         **{m: {"chain": CHAINS[m], "draft_lengths": list(best[m])} for m in CHAINS},
@@ -371,7 +374,8 @@ def markdown(result: dict) -> str:
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores; Python {m['python']}, torch {m['torch']}, "
         f"transformers {m['transformers']}, llama-cpp-python {m['llama_cpp_python']}; torch threads {s['torch_threads']}.",
-        f"Command: `{m['command']}`. Phases (s): {result['phase_seconds']}.",
+        f"Command: `{m['command']}`. Phases (s): {result['phase_seconds']}."
+        + (f" Router at the start: {s['router_start']}." if "router_start" in s else ""),
         *[f"Resumed {p['date']}: `{p['command']}`, for the {p['prompts']} prompts not measured before. "
           f"Phases (s): {p['phase_seconds']}."
           for p in result.get("parts", [])[1:]],
@@ -465,7 +469,7 @@ def main() -> None:
     else:
         resume = json.loads(args.resume.read_text()) if args.resume is not None else None
         result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.out, resume,
-                     args.extend_to)
+                     args.extend_to, args.router_dir)
     write_report(result, args.out)
 
 

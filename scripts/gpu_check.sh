@@ -53,7 +53,7 @@ fi
 echo "== 1. torch exactness tests on cuda"
 SPECROUTER_TEST_DEVICE=cuda SPECROUTER_TORCH_RUNS="${SPECROUTER_TORCH_RUNS:-1500}" \
   timeout 300 "$PY" -m pytest -p no:cacheprovider -q -rs --durations=5 \
-    tests/unit/test_torch_backend.py tests/unit/test_torch_sampling_exactness.py -k "not broken_residual" \
+    tests/unit/backends/test_torch.py tests/unit/backends/test_torch_sampling_exactness.py -k "not broken_residual" \
     --junitxml="$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || { echo "gpu_check: tests failed (exit $rc; 124 = over 300 s)" >&2; status=1; }

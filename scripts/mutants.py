@@ -38,20 +38,23 @@ from pathlib import Path
 from specrouter.router.profiler import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The exact block laws, the long-horizon laws and the rejection-path sentinel.
+LAW_TESTS = ["tests/unit/cascade/test_block_closed_form.py", "tests/unit/cascade/test_chain_law.py",
+             "tests/unit/cascade/test_rejection_power.py"]
 #: Quick files first: pytest runs them in this order, and a mutant's run stops at its first failure.
 EXACTNESS_TESTS = [
-    "tests/unit/test_verify.py",
+    "tests/unit/cascade/test_verify.py",
     "tests/unit/test_state.py",
-    "tests/unit/test_engine.py",
-    "tests/unit/test_ngram.py",
-    "tests/unit/test_draft_stop.py",
-    "tests/unit/test_batch.py",
-    "tests/unit/cascade",
-    "tests/unit/test_sampling_exactness.py",
+    "tests/unit/engine/test_generate.py",
+    "tests/unit/drafters/test_ngram.py",
+    "tests/unit/router/test_draft_stop.py",
+    "tests/unit/engine/test_batch.py",
+    *LAW_TESTS,
+    "tests/unit/cascade/test_sampling_exactness.py",
 ]
 #: The slow tier's long-horizon laws and its sentinel (the 3-token joint tests of
 #: test_sampling_exactness.py and the batched one are weaker, and would add 4 minutes).
-SLOW_TESTS = ["tests/unit/cascade"]
+SLOW_TESTS = LAW_TESTS
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Mutant:
 
 
 VERIFY, CHAIN = "specrouter/cascade/verify.py", "specrouter/cascade/chain.py"
+DRAFTER = "specrouter/drafters/model.py"
 UNWARPED = "warp(row, SamplingParams(temperature=1.0))"
 
 MUTANTS = [
@@ -122,9 +126,10 @@ MUTANTS = [
                  "n_acc, nxt = verify_sampled(proposals, q, p, self.rng, lambda pp, qq, x: self._residual("
                  f"{UNWARPED.replace('row', 'rows[next(j for j, r in enumerate(p) if r is pp)]')}, qq, x))"),)),
     Mutant("stop-after-seeing-token", "a draft stop decided on the token just drawn, which is then dropped",
-           (Edit(CHAIN, "            tokens.append(token)\n            dists.append(d)\n",
-                 "            if stop is not None and not stop.more(confidences):\n                cut = True\n"
-                 "                break\n            tokens.append(token)\n            dists.append(d)\n"),)),
+           (Edit(DRAFTER, "            tokens.append(token)\n            dists.append(dist)\n",
+                 "            if policy is not None and not policy.more([*confidences, conf]):\n"
+                 "                return Draft(tokens, dists, confidences=tuple(confidences), stopped=True)\n"
+                 "            tokens.append(token)\n            dists.append(dist)\n"),)),
     Mutant("intermediate-stops-after-correction", "control: a middle level ends its proposal after its first "
            "correction (decided by tokens already drawn: lossless)",
            (Edit(CHAIN, "            out += tokens\n            dists += d\n",

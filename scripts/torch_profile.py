@@ -5,7 +5,7 @@ Randomly initialised models with the published shapes of Llama-3.2-1B and Llama-
 Each forward is timed the way the cascade uses it, through TorchBackend.decode: k new
 tokens after a cached prefix, logits for all k, then the k positions are removed again.
 The output's "models" part is the router's CostProfile format ({model: {k: seconds}},
-specrouter.router.profiler.CostProfile.from_dict reads it); "device" says what ran it.
+specrouter.router.costs.CostProfile.from_dict reads it); "device" says what ran it.
 
     python scripts/torch_profile.py --device cuda --out profile.json          # the GPU check
     python scripts/torch_profile.py --device cpu --tiny --out /tmp/p.json      # a CPU smoke test
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     ks = [int(k) for k in args.ks.split(",")] if args.ks else list(range(1, args.kmax + 1))
-    result = {"device": device_info(args.device), "ngram_seconds": 2e-5, "models": {}, "settings": {
+    result = {"device": device_info(args.device), "lookup_seconds": {"ngram": 2e-5}, "models": {}, "settings": {
         "dtype": args.dtype, "prefix_tokens": args.prefix, "repeats": args.repeats, "tiny": args.tiny,
         "what": "median seconds of one TorchBackend.decode of k tokens (logits for all k) after a cached prefix",
     }, "load_seconds": {}}

@@ -15,9 +15,11 @@ import click
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.cli_torch import convert
+from specrouter.drafters import MODEL_FREE
 from specrouter.engine import GenerationResult, generate_stream
-from specrouter.engine.request import check_max_tokens
-from specrouter.errors import EmptyPromptError, InvalidParameterError, SpecRouterError
+from specrouter.engine.request import check_max_tokens, check_prompt_nonempty
+from specrouter.engine.speculation import Speculation
+from specrouter.errors import InvalidParameterError, SpecRouterError
 from specrouter.models import DEFAULT_POOL, check_pulled_integrity, is_pulled, model_path, pull
 from specrouter.pool import Pool, parse_chain, parse_draft_lengths
 
@@ -91,13 +93,11 @@ def generate(prompt, chat, chain, target, explain, draft_lengths, temperature, t
         raise InvalidParameterError("give exactly one of --prompt TEXT or --chat TEXT")
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     check_max_tokens(max_tokens)  # before any model loads
-    if not (prompt or chat):
-        raise EmptyPromptError("the prompt is empty: give at least one token of text")
+    check_prompt_nonempty(prompt if prompt is not None else chat)
     specs = parse_chain(chain)
-    auto = specs == [AUTO]
-    lengths = parse_draft_lengths(draft_lengths, len(specs))
-    if auto and draft_lengths:
-        raise InvalidParameterError("--draft-lengths needs an explicit --chain (auto chooses them)")
+    lengths = tuple(parse_draft_lengths(draft_lengths, 0)) if draft_lengths else ()
+    spec = Speculation(draft_lengths=lengths) if specs == [AUTO] else Speculation.fixed(specs, lengths)
+    auto = spec.mode == "auto"
     if not auto and (target or explain or profile_file):
         raise InvalidParameterError("--target, --explain and --profile work with --chain auto; "
                                     "an explicit chain ends at its target")
@@ -108,7 +108,7 @@ def generate(prompt, chat, chain, target, explain, draft_lengths, temperature, t
             router = _auto_router(pool, target, cache_dir, profile_file)
             built, model = router, router.target
         else:
-            built = pool.chain(specs, lengths)
+            built = pool.chain(list(spec.chain), list(spec.draft_lengths) or None)
             model = built.target
         if chat is not None:
             tokens = chat_prompt_tokens(model, [{"role": "user", "content": chat}])
@@ -266,7 +266,7 @@ def models_cmd(cache_dir) -> None:
 @_cache_option
 def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, cache_dir) -> None:
     """Measure (or show the cached) seconds of a forward over n tokens, per model."""
-    from specrouter.router.profiler import PROFILE_BATCHES, load_or_profile, profile_ngram, read_profile
+    from specrouter.router.profiler import PROFILE_BATCHES, load_or_profile, profile_lookups, read_profile
 
     if load_file is not None:
         if model_specs or force:
@@ -280,9 +280,9 @@ def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, cach
             raise InvalidParameterError("no model to profile: run `specrouter pull`, or give --models")
         pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=max(PROFILE_BATCHES))
         try:
-            models = [pool.level(s) for s in specs if s != "ngram"]
+            models = [pool.model(s) for s in specs if s not in MODEL_FREE]
             profile = load_or_profile(models, repeats=repeats, force=force)
-            profile.ngram_seconds = profile_ngram()
+            profile.lookup_seconds = profile_lookups()
         finally:
             pool.close()
     _print_profile(profile)
@@ -294,11 +294,12 @@ def _print_profile(profile) -> None:
     from specrouter.router.profiler import PROFILE_BATCH_NS, PROFILE_NS
 
     # Sizes a profile did not time (a loaded one may have others) are interpolated, as the router does.
-    width = max(len(m) for m in [*profile.tables, "ngram"])
+    width = max(len(m) for m in [*profile.tables, *profile.lookup_seconds])
     click.echo(f"{'ms per forward over n tokens':<{width}}  " + " ".join(f"{n:>7}" for n in PROFILE_NS))
     for name in profile.tables:
         click.echo(f"{name:<{width}}  " + " ".join(f"{profile.seconds(name, n) * 1e3:>7.1f}" for n in PROFILE_NS))
-    click.echo(f"{'ngram':<{width}}  {profile.ngram_seconds * 1e3:>7.3f} (one lookup)")
+    for name, seconds in profile.lookup_seconds.items():
+        click.echo(f"{name:<{width}}  {seconds * 1e3:>7.3f} (one lookup)")
     if profile.batch_tables:
         click.echo(f"\n{'ms per batched call (B x n)':<{width + 6}}  " + " ".join(f"{f'n={n}':>7}" for n in PROFILE_BATCH_NS))
     for name, tables in profile.batch_tables.items():

@@ -13,6 +13,10 @@ class InvalidParameterError(SpecRouterError, ValueError):
     """A sampling or generation parameter is outside its valid range."""
 
 
+class InvalidChainError(InvalidParameterError):
+    """A chain names a level that is not served, or names one level twice."""
+
+
 class UnknownModelError(SpecRouterError, KeyError):
     """A chain names a model that is neither in the pool nor an existing file."""
 
@@ -38,6 +42,10 @@ class PromptTooLongError(SpecRouterError):
 
 class EmptyPromptError(SpecRouterError):
     """The prompt has no tokens."""
+
+
+class InvalidTokenIdError(SpecRouterError):
+    """A prompt token id is outside the target's vocabulary."""
 
 
 class BackendError(SpecRouterError):

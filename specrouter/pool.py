@@ -1,6 +1,6 @@
 """Turning chain specs into loaded, checked levels.
 
-A spec is `ngram`, a pool name (llama.cpp, GGUF), a pool name with a torch variant
+A spec is a model-free drafter's name (specrouter.drafters.MODEL_FREE: `ngram`), a pool name (llama.cpp, GGUF), a pool name with a torch variant
 (`qwen2.5-coder-1.5b:torch-fp32`, see specrouter.convert), a path to a .gguf file
 (llama.cpp) or a path to a transformers model folder (torch). Backends of every kind
 mix freely in one chain; only their tokenizers must agree.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specrouter.backends.base import Backend
-from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.drafters import MODEL_FREE
 from specrouter.cascade.chain import Chain, Level
 from specrouter.errors import BackendError, InvalidParameterError
 from specrouter.convert import resolve_torch_model, split_torch_name
@@ -60,8 +60,15 @@ class Pool:
     _loaded: dict[str, Backend] = field(default_factory=dict)
 
     def level(self, spec: str) -> Level:
-        if spec == NGRAM_NAME:
-            return NgramDrafter()
+        """A chain level: a fresh model-free drafter, or the (shared) loaded model."""
+        if spec in MODEL_FREE:
+            return MODEL_FREE[spec]()
+        return self.model(spec)
+
+    def model(self, spec: str) -> Backend:
+        """The loaded model a spec names (InvalidParameterError for a model-free drafter)."""
+        if spec in MODEL_FREE:
+            raise InvalidParameterError(f"{spec} is a model-free drafter, not a model")
         torch_name = split_torch_name(spec)
         if torch_name is not None:
             folder, dtype = resolve_torch_model(spec, self.cache_dir, convert_missing=self.pull_missing)

@@ -13,24 +13,14 @@ from specrouter.backends.base import Backend
 from specrouter.errors import TokenizerMismatchError
 
 
-def vocab_texts(model: Backend) -> list[bytes]:
-    """Every token's stored text, cached on the model (150k ctypes calls take ~0.2 s)."""
-    cached = getattr(model, "_vocab_texts", None)
-    if cached is None:
-        text_of = getattr(model, "token_text", model.token_bytes)
-        cached = [text_of(t) for t in range(model.n_tokens)]
-        model._vocab_texts = cached  # type: ignore[attr-defined]
-    return cached
-
-
 def check_shared_tokenizer(models: Sequence[Backend]) -> None:
     """Raise TokenizerMismatchError naming both models and the first differing token."""
     if len(models) < 2:
         return
     ref = models[-1]
-    ref_texts = vocab_texts(ref)
+    ref_texts = ref.vocab_texts()
     for other in models[:-1]:
-        texts = vocab_texts(other)
+        texts = other.vocab_texts()
         shared = min(len(texts), len(ref_texts))
         for token in range(shared):
             if texts[token] != ref_texts[token]:

@@ -4,14 +4,55 @@ A backend owns a model and a KV cache holding several sequences. It knows nothin
 of chains, acceptance or committed tokens: the state manager (specrouter.state)
 decides which tokens to feed and which positions to remove. Positions are absolute
 (0 = first prompt token) and a sequence's KV always covers positions [0, length).
+
+What every backend shares is written here once (`Backend`: the piece cache, the
+vocabulary texts, the timing key; `ForwardBackend`, for backends over a real model:
+decode and decode_batch):
+
+- **Catch-up head, then logit tail.** A call feeds `tokens` of which only the last
+  `n_logits` need logits (the state manager sends a drafter's missed tokens in front
+  of its new ones, or a whole prompt with one row wanted). The head is fed in forwards
+  of at most `n_batch` tokens without logits (`_feed`); the tails of all sequences of
+  a call then go through `_forward`, grouped so a group never exceeds `n_batch`
+  tokens. A backend implements only those two primitives.
+- **Failure leaves the KV as it was**: if any forward of a call raises, every
+  sequence of the call is rolled back to its `pos` (`_rollback`) before the error
+  propagates, so the state manager's books and the cache never disagree.
+- **Token pieces** are cached per token (`token_bytes` -> `_piece`), and the whole
+  vocabulary's stored texts (`vocab_texts`, what tokenizers are compared by) once.
+- **What its timing depends on** is stated by `timing_key` (the profile cache key):
+  no caller probes class names or optional attributes.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
+
+from specrouter.errors import BackendError
+
+#: One decode item: (sequence, tokens, first position, rows of logits wanted).
+Item = tuple[int, Sequence[int], int, int]
+#: One forward run: (sequence, tokens, first position); every token gets a logits row.
+Run = tuple[int, Sequence[int], int]
+
+
+@dataclass(frozen=True)
+class TimingKey:
+    """What a forward's wall time depends on besides n and the machine's CPU: the profile
+    cache is keyed by it (plus the CPU model), so a change re-measures."""
+
+    backend: str
+    file: Path | None = None
+    dtype: str | None = None
+    n_threads: int | None = None
+    #: The GPU the model runs on (its name), None on a CPU.
+    gpu: str | None = None
 
 
 class Backend(ABC):
@@ -25,16 +66,26 @@ class Backend(ABC):
     eos_ids: frozenset[int]
     #: Rough size, used to order models from cheapest to most expensive.
     params_b: float = 0.0
+    #: Whether decode_batch evaluates sequences together (else it costs the sum of its items).
+    batches_natively: bool = False
+    #: The backend's family in timing keys and messages.
+    kind: ClassVar[str] = "backend"
+    #: The model file or folder, None for a model built in memory.
+    path: Path | None = None
+    #: CPU threads a forward computes with (None: not set by this backend, or a GPU).
+    n_threads: int | None = None
 
+    def __init__(self) -> None:
+        self._pieces: dict[int, bytes] = {}
+        self._vocab_texts: list[bytes] | None = None
+
+    # KV and compute ----------------------------------------------------------------
     @abstractmethod
     def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
         """Append tokens at positions pos.. of sequence seq; return logits (n_logits, n_vocab)
         for the last n_logits of them (row i predicts the token after tokens[-n_logits + i])."""
 
-    #: Whether decode_batch evaluates sequences together (else it is this loop, costing the sum).
-    batches_natively: bool = False
-
-    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+    def decode_batch(self, items: Sequence[Item]) -> list[np.ndarray]:
         """Several sequences in one call: items of (seq, tokens, pos, n_logits), one logits
         array per item. Backends that can evaluate sequences together override this."""
         return [self.decode(seq, tokens, pos, n) for seq, tokens, pos, n in items]
@@ -51,13 +102,35 @@ class Backend(ABC):
     def free_sequence(self, seq: int) -> None:
         """Release the slot and its KV cells."""
 
+    def timing_key(self) -> TimingKey:
+        """What this backend's forward times depend on (see TimingKey)."""
+        return TimingKey(self.kind, self.path, None, self.n_threads)
+
     # Tokenizer ---------------------------------------------------------------
     @abstractmethod
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
 
-    @abstractmethod
     def token_bytes(self, token: int) -> bytes:
-        """The raw bytes of one token (may be part of a UTF-8 character)."""
+        """The raw bytes of one token (may be part of a UTF-8 character); cached."""
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._piece(int(token))
+        return piece
+
+    @abstractmethod
+    def _piece(self, token: int) -> bytes:
+        """token_bytes, uncached."""
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary's stored text of a token, what tokenizers are compared by (for a
+        byte-level BPE, e.g. b'\\xc4\\xa0the' for ' the'); by default the token's bytes."""
+        return self.token_bytes(token)
+
+    def vocab_texts(self) -> list[bytes]:
+        """token_text of every token the tokenizer defines, computed once per backend."""
+        if self._vocab_texts is None:
+            self._vocab_texts = [self.token_text(t) for t in range(self.n_tokens)]
+        return self._vocab_texts
 
     @property
     @abstractmethod
@@ -81,3 +154,77 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Free native resources (idempotent)."""
+
+
+class ForwardBackend(Backend):
+    """A backend over a real model: decode and decode_batch written once from two
+    primitives, `_feed` (catch-up, no logits) and `_forward` (tails with logits); see
+    the module docstring for the head/tail split and the rollback on failure."""
+
+    batches_natively = True
+    #: Most tokens one forward takes (catch-up heads are fed in pieces of this size;
+    #: n_logits may not exceed it).
+    n_batch: int = 512
+
+    def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
+        return self.decode_batch([(seq, tokens, pos, n_logits)])[0]
+
+    def decode_batch(self, items: Sequence[Item]) -> list[np.ndarray]:
+        """Each sequence appears at most once. The heads go first, per sequence; the tails
+        share forwards of at most n_batch tokens."""
+        if len({seq for seq, *_ in items}) < len(items):
+            raise ValueError("decode_batch: each sequence may appear once")
+        for seq, tokens, pos, n_logits in items:
+            self._check_item(seq, tokens, pos, n_logits)
+        try:
+            tails: list[Run] = []
+            for seq, tokens, pos, n_logits in items:
+                head = len(tokens) - n_logits
+                for start in range(0, head, self.n_batch):
+                    self._feed(seq, tokens[start : min(start + self.n_batch, head)], pos + start)
+                tails.append((seq, tokens[head:], pos + head))
+            out: list[np.ndarray] = []
+            for group in _groups(tails, self.n_batch):
+                out.extend(self._forward(group))
+            return out
+        except BaseException:
+            for seq, _, pos, _ in items:
+                self._rollback(seq, pos)
+            raise
+
+    def _check_item(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> None:
+        """BackendError / ValueError for a call that cannot be right, before anything runs."""
+        if not 1 <= n_logits <= min(len(tokens), self.n_batch):
+            raise ValueError(f"n_logits={n_logits} must be in 1..min(len(tokens)={len(tokens)}, n_batch={self.n_batch})")
+        if pos + len(tokens) > self.n_ctx:
+            raise BackendError(f"{self.name}: positions up to {pos + len(tokens)} exceed the context of {self.n_ctx}")
+        bad = [int(t) for t in tokens if not 0 <= int(t) < self.n_vocab]
+        if bad:
+            raise BackendError(f"{self.name}: token ids {bad[:5]} are outside 0..{self.n_vocab - 1}")
+
+    @abstractmethod
+    def _feed(self, seq: int, tokens: Sequence[int], pos: int) -> None:
+        """One forward of at most n_batch tokens, no logits (catch-up)."""
+
+    @abstractmethod
+    def _forward(self, runs: Sequence[Run]) -> list[np.ndarray]:
+        """One forward over runs of distinct sequences (at most n_batch tokens in all);
+        a logits row for every token of every run, one array per run."""
+
+    def _rollback(self, seq: int, pos: int) -> None:
+        """Bring the sequence back to positions [0, pos) after a failed call."""
+        self.remove(seq, pos)
+
+
+def _groups(runs: Sequence[Run], limit: int) -> list[list[Run]]:
+    """Consecutive runs packed into groups of at most `limit` tokens (a run longer than
+    the limit cannot occur: n_logits <= n_batch is checked)."""
+    groups: list[list[Run]] = []
+    size = limit + 1
+    for run in runs:
+        if size + len(run[1]) > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(run)
+        size += len(run[1])
+    return groups

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrouter.backends.base import Backend
+from specrouter.backends.base import ForwardBackend, Run
 from specrouter.errors import BackendError, ModelFileError
 
 try:
@@ -43,7 +43,9 @@ def _init_once() -> None:
         _INITIALISED = True
 
 
-class LlamaCppBackend(Backend):
+class LlamaCppBackend(ForwardBackend):
+    kind = "llama.cpp"
+
     def __init__(
         self,
         path: str | Path,
@@ -53,6 +55,7 @@ class LlamaCppBackend(Backend):
         n_threads: int | None = None,
         n_batch: int = 512,
     ) -> None:
+        super().__init__()
         path = Path(path)
         self.name = name or path.stem
         self.path = path
@@ -90,68 +93,34 @@ class LlamaCppBackend(Backend):
         self.n_vocab = _ll.llama_vocab_n_tokens(self._vocab)
         self.params_b = _ll.llama_model_n_params(self._model) / 1e9
         self.eos_ids = frozenset(t for t in range(self.n_vocab) if _ll.llama_vocab_is_eog(self._vocab, t))
-        self._pieces: dict[int, bytes] = {}
         self._closed = False
 
-    # KV and compute ----------------------------------------------------------------
-    def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
-        if not 1 <= n_logits <= min(len(tokens), self.n_batch):
-            raise ValueError(f"n_logits={n_logits} must be in 1..min(len(tokens), n_batch)")
-        # Catch-up tokens whose logits nobody needs go first, in batch-sized pieces.
-        head = len(tokens) - n_logits
-        for start in range(0, head, self.n_batch):
-            chunk = tokens[start : min(start + self.n_batch, head)]
-            self._decode(seq, chunk, pos + start, 0)
-        self._decode(seq, tokens[head:], pos + head, n_logits)
-        out = _ll.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(out, shape=(n_logits, self.n_vocab)).copy()
+    # KV and compute (decode and decode_batch: ForwardBackend) -------------------------
+    def _feed(self, seq: int, tokens: Sequence[int], pos: int) -> None:
+        self._decode_runs([(seq, tokens, pos)], logits=False)
 
-    batches_natively = True
-
-    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
-        """One llama_decode for the logit-bearing runs of all sequences (catch-up heads first,
-        per sequence); groups are split only where they would overflow n_batch."""
-        tails = []
-        for seq, tokens, pos, n_logits in items:
-            if not 1 <= n_logits <= min(len(tokens), self.n_batch):
-                raise ValueError(f"n_logits={n_logits} must be in 1..min(len(tokens), n_batch)")
-            head = len(tokens) - n_logits
-            for start in range(0, head, self.n_batch):
-                self._decode(seq, tokens[start : min(start + self.n_batch, head)], pos + start, 0)
-            tails.append((seq, tokens[head:], pos + head))
-        out: list[np.ndarray] = []
-        group: list[tuple[int, Sequence[int], int]] = []
-        for tail in tails + [None]:
-            if tail is None or sum(len(t) for _, t, _ in group) + len(tail[1]) > self.n_batch:
-                if group:
-                    self._decode_runs(group)
-                    rows = _ll.llama_get_logits(self._ctx)
-                    flat = np.ctypeslib.as_array(rows, shape=(sum(len(t) for _, t, _ in group), self.n_vocab))
-                    offset = 0
-                    for _, t, _ in group:
-                        out.append(flat[offset : offset + len(t)].copy())
-                        offset += len(t)
-                group = []
-            if tail is not None:
-                group.append(tail)
+    def _forward(self, runs: Sequence[Run]) -> list[np.ndarray]:
+        self._decode_runs(runs, logits=True)
+        rows = _ll.llama_get_logits(self._ctx)
+        flat = np.ctypeslib.as_array(rows, shape=(sum(len(t) for _, t, _ in runs), self.n_vocab))
+        out, offset = [], 0
+        for _, tokens, _ in runs:
+            out.append(flat[offset : offset + len(tokens)].copy())
+            offset += len(tokens)
         return out
 
-    def _decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> None:
-        self._decode_runs([(seq, tokens, pos)], n_logits)
-
-    def _decode_runs(self, runs: Sequence[tuple[int, Sequence[int], int]], n_logits: int | None = None) -> None:
-        """Fill the batch with runs (seq, tokens, first position) and decode. Logits are
-        requested for the last n_logits tokens of a single run, or for every token of many."""
+    def _decode_runs(self, runs: Sequence[Run], logits: bool) -> None:
+        """Fill the batch with runs (seq, tokens, first position) and llama_decode it, with
+        a logits row for every token or for none."""
         b = self._batch
         i = 0
         for seq, tokens, pos in runs:
-            first_out = len(tokens) - (n_logits if n_logits is not None else len(tokens))
             for j, token in enumerate(tokens):
                 b.token[i] = token
                 b.pos[i] = pos + j
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq
-                b.logits[i] = j >= first_out
+                b.logits[i] = logits
                 i += 1
         b.n_tokens = i
         rc = _ll.llama_decode(self._ctx, b)
@@ -185,17 +154,12 @@ class LlamaCppBackend(Backend):
             size = -n
         raise BackendError(f"{self.name}: tokenization failed")
 
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            buf = ctypes.create_string_buffer(256)
-            n = _ll.llama_token_to_piece(self._vocab, token, buf, 256, 0, False)
-            piece = buf.raw[: max(n, 0)]
-            self._pieces[token] = piece
-        return piece
+    def _piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(256)
+        n = _ll.llama_token_to_piece(self._vocab, token, buf, 256, 0, False)
+        return buf.raw[: max(n, 0)]
 
     def token_text(self, token: int) -> bytes:
-        """The vocabulary's stored text of a token (what tokenizers are compared by)."""
         return _ll.llama_vocab_get_text(self._vocab, token) or b""
 
     @property

@@ -21,6 +21,8 @@ from specrouter.backends.base import Backend
 
 
 class SyntheticBackend(Backend):
+    kind = "synthetic"
+
     def __init__(
         self,
         name: str,
@@ -36,6 +38,7 @@ class SyntheticBackend(Backend):
         latency: Callable[[int], float] | None = None,
         sleep: bool = False,
     ) -> None:
+        super().__init__()
         self.name = name
         self.n_vocab = vocab
         self.n_ctx = n_ctx
@@ -73,10 +76,14 @@ class SyntheticBackend(Backend):
         self._charge(len(tokens))
         return logits
 
+    #: A simulated model: one call costs latency(all its tokens), head and tail together.
     batches_natively = True
 
     def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
-        """One call for several sequences: it costs latency(all their tokens), as a real batch."""
+        """One call for several sequences: it costs latency(all their tokens), as a real batch.
+        A call of one sequence is a decode (tests replace decode to make a model fail)."""
+        if len(items) == 1:
+            return [self.decode(*items[0])]
         out = [self._extend(*item) for item in items]
         self.batch_calls += 1
         self._charge(sum(len(tokens) for _, tokens, _, _ in items))
@@ -126,7 +133,7 @@ class SyntheticBackend(Backend):
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         return [ord(c) % self.n_vocab for c in text]
 
-    def token_bytes(self, token: int) -> bytes:
+    def _piece(self, token: int) -> bytes:
         return chr(ord("a") + token).encode() if token < 26 else f"<{token}>".encode()
 
     @property

@@ -1,20 +1,16 @@
 """PyTorch backend over Hugging Face transformers (CPU or CUDA; fp32, bf16 or fp16).
 
-Same contract as the llama.cpp backend (base.py): `decode` appends a run of tokens at
-absolute positions of one sequence and returns logits for the last n_logits of them;
-`remove` drops positions [start, end). Each sequence owns one transformers
+Same contract as the llama.cpp backend (base.py, whose ForwardBackend splits each call
+into catch-up forwards and one forward of every sequence's logit tail); `remove` drops
+positions [start, end). Each sequence owns one transformers
 `DynamicCache`; rollback crops it. transformers 5.x changed `DynamicCache.crop`: it
 now takes a *negative* count of tokens to drop (the 4.x meaning, "keep the first n",
 raises), so `remove` crops by `start - length` (reference notes, pitfalls). Layers
 that cannot be cropped exactly (sliding-window or linear-attention caches) are
 refused at load time rather than rolled back approximately.
 
-Token texts: `token_text` returns the vocabulary's stored string of a token (for a
-byte-level BPE such as Qwen's, e.g. 'Ġthe'), which is what llama.cpp's
-`llama_vocab_get_text` returns for the same tokenizer, so specrouter.vocab recognises a
-GGUF model and its torch conversion as sharing a tokenizer. `token_bytes` returns the
-bytes a token stands for, with special (control) tokens rendering as b"" as llama.cpp
-renders them when asked without special tokens.
+Token texts and pieces render as llama.cpp renders them (hf_tokens.py), so a GGUF
+model and its torch conversion are recognised as sharing a tokenizer.
 
 torch is imported here, and this module is imported only when a torch model is used:
 the package works without the `torch` extra.
@@ -22,14 +18,14 @@ the package works without the `torch` extra.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specrouter.backends.base import Backend
+from specrouter.backends.base import ForwardBackend, Run, TimingKey
+from specrouter.backends.hf_tokens import HFTokenTexts
 from specrouter.errors import BackendError, InvalidParameterError, ModelFileError
 
 try:
@@ -42,17 +38,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
-
-#: Token texts that end generation besides the tokenizer's EOS. llama.cpp marks the
-#: same tokens as end-of-generation by their text (its `llama_vocab_is_eog`; checked
-#: on the Qwen2.5 GGUFs: ids 128247 '</s>', 151643, 151645, 151662-151664), so a
-#: converted model stops where its GGUF original stops.
-_EOG_TEXTS = (
-    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
-    "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>", "</s>",
-    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
-)
-
 
 def dtype_name(dtype: str | Any) -> str:
     """Normalise 'fp32' / 'bfloat16' / torch.float16 ... to one of DTYPES' keys."""
@@ -100,36 +85,14 @@ def check_dtype_runs(device: torch.device, dtype: torch.dtype) -> None:
         raise BackendError(f"device {device} cannot run dtype {shown}: {first}") from None
 
 
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode: the printable stand-ins of byte-level BPE."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def _is_byte_level(tokenizer: Any) -> bool:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return False
-    try:
-        spec = json.loads(backend.to_str())
-    except Exception:  # noqa: BLE001 - any failure means: not recognisably byte-level
-        return False
-    return "ByteLevel" in json.dumps(spec.get("decoder")) or "ByteLevel" in json.dumps(spec.get("pre_tokenizer"))
-
-
-class TorchBackend(Backend):
+class TorchBackend(ForwardBackend):
     """A transformers causal LM with one DynamicCache per sequence.
 
     Build it from a model folder (`TorchBackend(path, ...)`) or from objects already in
     memory (`TorchBackend.from_model(model, tokenizer, ...)`, used by tests).
     """
+
+    kind = "torch"
 
     def __init__(
         self,
@@ -191,6 +154,7 @@ class TorchBackend(Backend):
 
     def _setup(self, model: Any, tokenizer: Any, name: str, dev: torch.device, tdtype: torch.dtype,
                n_ctx: int, n_seq_max: int) -> None:
+        ForwardBackend.__init__(self)
         self.name = name
         self.device = dev
         self.dtype = tdtype
@@ -204,7 +168,6 @@ class TorchBackend(Backend):
         max_pos = getattr(config, "max_position_embeddings", None) or n_ctx
         self.n_ctx = min(n_ctx, int(max_pos))
         self.n_seq_max = n_seq_max
-        self.n_batch = 512  # catch-up tokens are fed in pieces of this size (bounds activation memory)
         self.n_vocab = int(config.vocab_size)
         self._n_tokens = len(tokenizer)
         if self._n_tokens > self.n_vocab:
@@ -212,12 +175,8 @@ class TorchBackend(Backend):
         self.params_b = sum(p.numel() for p in model.parameters()) / 1e9
         self._caches: dict[int, Any] = {}
         self._free_slots = list(range(n_seq_max))
-        self._byte_level = _is_byte_level(tokenizer)
-        self._byte_dec = _byte_decoder() if self._byte_level else {}
-        self._special_ids = frozenset(getattr(tokenizer, "all_special_ids", []) or [])
-        self._added = {i: t for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
-        self.eos_ids = self._eos_ids()
-        self._pieces: dict[int, bytes] = {}
+        self._texts = HFTokenTexts(tokenizer, model, self.n_vocab)
+        self.eos_ids = self._texts.eos_ids
         self._closed = False
 
     def _check_croppable(self) -> None:
@@ -237,67 +196,25 @@ class TorchBackend(Backend):
 
         return DynamicCache(config=self._config)
 
-    def _eos_ids(self) -> frozenset[int]:
-        ids: set[int] = set()
-        if self._tok.eos_token_id is not None:
-            ids.add(int(self._tok.eos_token_id))
-        gen = getattr(self._model, "generation_config", None)
-        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-        if eos is not None:
-            ids.update([eos] if isinstance(eos, int) else eos)
-        vocab = self._tok.get_vocab()
-        ids.update(vocab[text] for text in _EOG_TEXTS if text in vocab)
-        return frozenset(i for i in ids if 0 <= i < self.n_vocab)
-
-    # KV and compute ----------------------------------------------------------------
-    #: decode_batch runs one padded forward over all its sequences (see there).
-    batches_natively = True
-
-    def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
-        cache = self._cache(seq)
-        self._check(seq, cache, tokens, pos, n_logits)
-        head = len(tokens) - n_logits
-        self._catch_up(cache, tokens[:head], pos)
-        return self._forward(cache, tokens[head:], pos + head, n_logits)
-
-    def _check(self, seq: int, cache: Any, tokens: Sequence[int], pos: int, n_logits: int) -> None:
-        if not 1 <= n_logits <= len(tokens):
-            raise ValueError(f"n_logits={n_logits} must be in 1..len(tokens)={len(tokens)}")
-        held = cache.get_seq_length()
+    # KV and compute (decode and decode_batch: ForwardBackend) -------------------------
+    def _check_item(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> None:
+        super()._check_item(seq, tokens, pos, n_logits)
+        held = self._cache(seq).get_seq_length()
         if pos != held:
             raise BackendError(f"{self.name}: decode at position {pos} but sequence {seq} holds {held} positions")
-        if pos + len(tokens) > self.n_ctx:
-            raise BackendError(f"{self.name}: positions up to {pos + len(tokens)} exceed the context of {self.n_ctx}")
-        bad = [t for t in tokens if not 0 <= int(t) < self.n_vocab]
-        if bad:
-            raise BackendError(f"{self.name}: token ids {bad[:5]} are outside 0..{self.n_vocab - 1}")
 
-    def _catch_up(self, cache: Any, tokens: Sequence[int], pos: int) -> None:
-        """Catch-up tokens whose logits nobody needs, in n_batch pieces."""
-        for start in range(0, len(tokens), self.n_batch):
-            self._forward(cache, tokens[start : start + self.n_batch], pos + start, 0)
+    def _feed(self, seq: int, tokens: Sequence[int], pos: int) -> None:
+        self._run(self._cache(seq), tokens, pos, 0)
 
-    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
-        """One model forward over the logit-bearing runs of all sequences (catch-up heads go
-        first, per sequence, as decode feeds them). If it fails, every cache is as before."""
-        if len(items) <= 1:
-            return [self.decode(*item) for item in items]
-        if len({seq for seq, *_ in items}) < len(items):
-            raise ValueError("decode_batch: each sequence may appear once")
-        caches = [self._cache(seq) for seq, *_ in items]
-        for cache, (seq, tokens, pos, n_logits) in zip(caches, items):
-            self._check(seq, cache, tokens, pos, n_logits)
-        try:
-            tails = []
-            for cache, (_, tokens, pos, n_logits) in zip(caches, items):
-                head = len(tokens) - n_logits
-                self._catch_up(cache, tokens[:head], pos)
-                tails.append(list(tokens[head:]))
-            return self._forward_batch(caches, tails)
-        except BaseException:
-            for cache, (_, _, pos, _) in zip(caches, items):
-                self._truncate(cache, pos)  # drop the heads fed above as well
-            raise
+    def _forward(self, runs: Sequence[Run]) -> list[np.ndarray]:
+        if len(runs) == 1:
+            seq, tokens, pos = runs[0]
+            return [self._run(self._cache(seq), tokens, pos, len(tokens))]
+        return self._forward_batch([self._cache(seq) for seq, _, _ in runs], [list(t) for _, t, _ in runs])
+
+    def _rollback(self, seq: int, pos: int) -> None:
+        if seq in self._caches:
+            self._truncate(self._caches[seq], pos)
 
     def _forward_batch(self, caches: list[Any], runs: list[list[int]]) -> list[np.ndarray]:
         """Feed runs[i] to caches[i] in ONE forward; return every run's logits (len(run), n_vocab).
@@ -364,7 +281,8 @@ class TorchBackend(Backend):
             layer.keys, layer.values = keys, values
         return batched
 
-    def _forward(self, cache: Any, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray | None:
+    def _run(self, cache: Any, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray | None:
+        """One sequence's forward; its last n_logits rows (None for 0)."""
         ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
         positions = torch.arange(pos, pos + len(tokens), device=self.device).unsqueeze(0)
         try:
@@ -374,11 +292,7 @@ class TorchBackend(Backend):
                     logits_to_keep=max(n_logits, 1),
                 )
         except torch.cuda.OutOfMemoryError:
-            self._truncate(cache, pos)
             raise BackendError(f"{self.name}: out of GPU memory decoding {len(tokens)} tokens at {pos}") from None
-        except BaseException:
-            self._truncate(cache, pos)  # layers that ran before the failure appended their KV
-            raise
         if n_logits == 0:
             return None
         return out.logits[0, -n_logits:].float().cpu().numpy()
@@ -418,6 +332,10 @@ class TorchBackend(Backend):
         if seq not in self._free_slots and 0 <= seq < self.n_seq_max:
             self._free_slots.append(seq)
 
+    def timing_key(self) -> TimingKey:
+        gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+        return TimingKey(self.kind, self.path, dtype_name(self.dtype), self.n_threads, gpu)
+
     def kv_length(self, seq: int) -> int:
         return int(self._cache(seq).get_seq_length())
 
@@ -426,45 +344,10 @@ class TorchBackend(Backend):
         return list(self._tok(text, add_special_tokens=add_special)["input_ids"])
 
     def token_text(self, token: int) -> bytes:
-        """The vocabulary's stored text of a token (what tokenizers are compared by)."""
-        text = self._tok.convert_ids_to_tokens(int(token))
-        return text.encode("utf-8") if text is not None else b""
-
-    def token_bytes(self, token: int) -> bytes:
-        piece = self._pieces.get(token)
-        if piece is None:
-            piece = self._piece(int(token))
-            self._pieces[token] = piece
-        return piece
+        return self._texts.text(token)
 
     def _piece(self, token: int) -> bytes:
-        if not 0 <= token < self._n_tokens:
-            return b""
-        if token in self.eos_ids:
-            # llama.cpp turns every end-of-generation token into a control token (even a
-            # plain-text one such as Qwen's '</s>', id 128247), and control tokens render as nothing.
-            return b""
-        added = self._added.get(token)
-        if added is not None:
-            # Control tokens render as nothing (llama.cpp without special rendering).
-            return b"" if getattr(added, "special", False) else str(added).encode("utf-8")
-        text = self._tok.convert_ids_to_tokens(token)
-        if text is None or text == f"[PAD{token}]":
-            # llama.cpp's GGUF converter pads vocabularies with unused '[PAD<id>]' entries
-            # that render as nothing; a tokenizer made from such a GGUF keeps them as text.
-            return b""
-        if self._byte_level:
-            try:
-                return bytes(self._byte_dec[c] for c in text)
-            except KeyError:
-                return text.encode("utf-8")
-        # SentencePiece-style vocabularies: '▁' is a space, <0xAB> a raw byte.
-        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
-            try:
-                return bytes([int(text[3:5], 16)])
-            except ValueError:
-                pass
-        return text.replace("▁", " ").encode("utf-8")
+        return self._texts.piece(token)
 
     @property
     def n_tokens(self) -> int:

@@ -1,7 +1,7 @@
 """One cycle of multi-level speculative decoding across a chain of models.
 
-A chain is [level 0, ..., target]. Level 0 drafts (autoregressively, or by n-gram
-lookup). Every level above it produces tokens *distributed exactly as its own p*
+A chain is [level 0, ..., target]. Level 0 drafts through its Proposer (proposer.py:
+a model autoregressively, or a model-free lookup). Every level above it produces tokens *distributed exactly as its own p*
 by verifying blocks from the level below (speculative sampling), and passes its own
 p at each position upward as the proposal distribution q of the next level. The
 target verifies one block per cycle; what it emits is committed.
@@ -11,7 +11,7 @@ run of proposals as drawn from q only if whether position i exists does not depe
 on how token i itself was drawn. A fixed count keeps that true, and so would any rule
 decided by what was drawn before position i: stopping after EOS, after a block's
 correction (scripts/mutants.py runs that one as a control: the tests pass it), or on
-the draft's confidence so far (DraftStop: whether it drafts token i + 1 is decided
+the draft's confidence so far (a LengthPolicy: whether it drafts token i + 1 is decided
 from its confidences in tokens 1..i). Dropping a token after seeing it is what breaks
 exactness (the mutant `stop-after-seeing-token`).
 """
@@ -26,13 +26,14 @@ from typing import Protocol
 import numpy as np
 
 from specrouter.backends.base import Backend
-from specrouter.backends.ngram import NgramDrafter
+from specrouter.cascade.proposer import Draft, LengthPolicy, Proposer, confidence, cut_after_eos
 from specrouter.cascade.sampling import SamplingParams, sample, warp
 from specrouter.cascade.verify import residual, verify_greedy, verify_sampled
-from specrouter.errors import InvalidParameterError
+from specrouter.errors import InvalidChainError, InvalidParameterError
 from specrouter.state import SequenceState
 
-Level = Backend | NgramDrafter
+#: A level: a model, or (level 0 only) a model-free Proposer.
+Level = Backend | Proposer
 
 
 class CycleObserver(Protocol):
@@ -57,23 +58,6 @@ class CycleObserver(Protocol):
         (in a batch other requests draft in between)."""
 
 
-class DraftStop(Protocol):
-    """Ends a model's draft before its length when going on no longer pays (the router's
-    rule). It sees the draft's confidence in each token so far: under greedy the top
-    probability of its distribution, under sampling the probability of the drawn token."""
-
-    def more(self, confidences: Sequence[float]) -> bool:
-        """Whether to draft one more token after these."""
-
-    def learn(self, confidences: Sequence[float], n_accepted: int) -> None:
-        """The verifier accepted the first n_accepted of the tokens with these confidences."""
-
-
-def confidence(row: np.ndarray) -> float:
-    """Top probability of the softmax of a logits row."""
-    return float(1.0 / np.exp(row - row.max()).sum())
-
-
 @dataclass
 class EvalRequest:
     """What a cycle needs next: logits of `backend` after each of the last n_logits of
@@ -90,14 +74,23 @@ class EvalRequest:
     shared: bool = False  # another request of the same batched call reports it
 
 
-@dataclass(frozen=True)
-class Draft:
-    """What a level hands the level above: tokens, its distribution per token (None for a
-    deterministic proposer: q = one-hot), and the n-gram's suffix-match length (0: a model)."""
-
-    tokens: list[int]
-    dists: list | None
-    match: int = 0
+def execute(calls: Sequence[tuple[SequenceState, EvalRequest]],
+            clock: Callable[[], float] = time.perf_counter) -> list[np.ndarray]:
+    """Serve EvalRequests of ONE backend, one per sequence, in one decode_batch call: each sequence's cache is first made to hold what its request needs
+    (SequenceState.prepare), and told what was fed once the call returned. Every request
+    gets the call's fed tokens, seconds, batch size and whether another request shares
+    the report. The logits, one array per request. What the backend raises propagates
+    (the states then hold what they held, less what prepare rolled back)."""
+    backend = calls[0][1].backend
+    items = [state.prepare(backend, r.tokens, r.n_logits) for state, r in calls]
+    start = clock()
+    outputs = backend.decode_batch(items)
+    seconds = clock() - start
+    fed = sum(len(item[1]) for item in items)
+    for j, ((state, request), item) in enumerate(zip(calls, items)):
+        state.fed(backend, item[1])
+        request.fed, request.seconds, request.shared, request.batch = fed, seconds, j > 0, len(calls)
+    return outputs
 
 
 @dataclass
@@ -123,6 +116,37 @@ class LevelStats:
         }
 
 
+def check_chain(names: Sequence[str], draft_lengths: Sequence[int] | None = None,
+                levels: Sequence[str] | None = None, target: str | None = None) -> None:
+    """Raise unless `names` (cheapest first, target last) is a valid chain.
+
+    draft_lengths: None for the default per level, else one integer >= 1 per non-target level.
+    levels: the names a chain may use (None: any, resolved when loaded); target: the name
+    the chain must end at (None: its last name is its target). Checked in this order: not
+    empty, names known and distinct (InvalidChainError), target last, draft lengths.
+    """
+    names = list(names)
+    if not names:
+        raise InvalidParameterError("a chain needs at least one model (the target)")
+    if levels is not None:
+        unknown = [n for n in names if n not in levels]
+        if unknown:
+            raise InvalidChainError(f"chain {names} must use levels of {list(levels)}; unknown: {unknown}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InvalidChainError(f"chain {names} must use distinct levels; repeated: {repeated}")
+    if target is not None and names[-1] != target:
+        raise InvalidParameterError(f"chain {names} must end at the served model {target!r}")
+    if draft_lengths is None:
+        return
+    lengths = list(draft_lengths)
+    if len(lengths) != len(names) - 1:
+        raise InvalidParameterError(f"a chain of {len(names)} models needs {len(names) - 1} draft lengths, "
+                                    f"got {len(lengths)}")
+    if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in lengths):
+        raise InvalidParameterError(f"draft lengths must be integers >= 1, got {lengths}")
+
+
 @dataclass
 class Chain:
     """Models from cheapest to target, and per non-target level its draft length:
@@ -131,24 +155,23 @@ class Chain:
     levels: list[Level]
     draft_lengths: list[int]
     eos_ids: frozenset[int] = field(default_factory=frozenset)
-    #: Level 0, when a model, may end its drafts early by this rule (draft_lengths[0] is then a cap).
-    draft_stop: DraftStop | None = None
+    #: Level 0, when a model, may end its drafts early by this policy (draft_lengths[0] is then a cap).
+    draft_stop: LengthPolicy | None = None
+    #: Level 0 as a Proposer (a model is wrapped in a ModelDrafter with draft_stop as its policy).
+    proposer: Proposer = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.levels:
-            raise InvalidParameterError("a chain needs at least one model (the target)")
+        from specrouter.drafters.model import ModelDrafter
+
+        check_chain([level.name for level in self.levels], self.draft_lengths)
         if not isinstance(self.levels[-1], Backend):
-            raise InvalidParameterError("the last level of a chain (the target) must be a model, not ngram")
+            raise InvalidParameterError(f"the last level of a chain (the target) must be a model, not {self.levels[-1].name}")
         for level in self.levels[1:]:
-            if isinstance(level, NgramDrafter):
-                raise InvalidParameterError("ngram can only be the first (drafting) level of a chain")
-        if len(self.draft_lengths) != len(self.levels) - 1:
-            raise InvalidParameterError(
-                f"a chain of {len(self.levels)} models needs {len(self.levels) - 1} draft lengths, "
-                f"got {len(self.draft_lengths)}"
-            )
-        if any(not isinstance(k, int) or k < 1 for k in self.draft_lengths):
-            raise InvalidParameterError(f"draft lengths must be integers >= 1, got {self.draft_lengths}")
+            if not isinstance(level, Backend):
+                raise InvalidParameterError(f"{level.name} can only be the first (drafting) level of a chain")
+        if not isinstance(self.levels[0], Backend | Proposer):
+            raise InvalidParameterError(f"level 0 ({self.levels[0]!r}) is neither a model nor a proposer")
+        self.proposer = ModelDrafter(self.levels[0], self.draft_stop) if isinstance(self.levels[0], Backend) else self.levels[0]
         if not self.eos_ids:
             self.eos_ids = self.target.eos_ids
 
@@ -185,8 +208,6 @@ class CycleRunner:
         # Optional: only reports, never changes what is computed (exactness does not depend on it).
         self.observer = observer
         self.clock = clock  # a simulated clock in tests; wall time otherwise
-        # Level 0's last draft under a DraftStop: its confidences, and whether the rule ended it.
-        self._draft_end: tuple[list[float], bool] | None = None
 
     def cycle(self, context: Sequence[int], max_new: int) -> list[int]:
         """New tokens the target emits after `context` (1 .. max_new of them)."""
@@ -197,11 +218,7 @@ class CycleRunner:
                 request = steps.send(logits)
             except StopIteration as done:
                 return done.value
-            start = self.clock()
-            before = self.state.evaluated.get(request.backend.name, 0)
-            logits = self.state.evaluate(request.backend, request.tokens, request.n_logits)
-            request.seconds = self.clock() - start
-            request.fed = self.state.evaluated[request.backend.name] - before
+            logits = execute([(self.state, request)], self.clock)[0]
 
     def steps(self, context: Sequence[int], max_new: int) -> Generator[EvalRequest, np.ndarray, list[int]]:
         """The same cycle as a generator: it yields every forward it needs and is sent the
@@ -232,43 +249,34 @@ class CycleRunner:
         if self.observer is not None:
             self.observer.on_rows(self.chain.levels[i].name, rows, self.clock() - start)
 
-    def _draft(self, context: list[int], n: int):
-        """Level 0 proposes n tokens (fewer after EOS or when the n-gram finds nothing): a Draft."""
-        level = self.chain.levels[0]
-        if isinstance(level, NgramDrafter):
-            start = self.clock()
-            tokens, match = level.lookup(context, n)
-            seconds = self.clock() - start
-            self.stats[0].seconds += seconds
-            if self.observer is not None:
-                self.observer.on_forward(level.name, 0, seconds)
-            return Draft(_cut_after_eos(tokens, self.chain.eos_ids), None, match)
-        stop = self.chain.draft_stop
-        tokens, dists, confidences, cut = [], [], [], False
-        for _ in range(n):
-            row = (yield from self._evaluate(0, context + tokens, 1))[0]
-            start = self.clock()
-            d = self._dist(row)
-            token = d if self.params.greedy else sample(d, self.rng)
-            if stop is not None:
-                confidences.append(confidence(row) if self.params.greedy else float(d[token]))
-            self._rows_done(0, 1, start)
-            tokens.append(token)
-            dists.append(d)
-            if token in self.chain.eos_ids:
-                break
-            if stop is not None and len(tokens) < n and not stop.more(confidences):
-                cut = True
-                break
-        if stop is not None:
-            self._draft_end = (confidences, cut)
-        return Draft(tokens, dists)
+    # What level 0's proposer is lent (proposer.Drafting) -----------------------------------
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.chain.eos_ids
 
+    def row(self, tokens: list[int]):
+        """Level 0's next-token logits after tokens."""
+        return (yield from self._evaluate(0, tokens, 1))[0]
+
+    def pick(self, row: np.ndarray, want_confidence: bool):
+        start = self.clock()
+        d = self._dist(row)
+        token = d if self.params.greedy else sample(d, self.rng)
+        conf = (confidence(row) if self.params.greedy else float(d[token])) if want_confidence else 0.0
+        self._rows_done(0, 1, start)
+        return token, d, conf
+
+    def lookup_took(self, seconds: float) -> None:
+        self.stats[0].seconds += seconds
+        if self.observer is not None:
+            self.observer.on_forward(self.chain.levels[0].name, 0, seconds)
+
+    # ------------------------------------------------------------------------------
     def _propose(self, i: int, context: list[int], n: int):
         """n tokens following `context`, distributed as level i's own p, with that p per position
         (a Draft)."""
         if i == 0:
-            return (yield from self._draft(context, n))
+            return (yield from self.chain.proposer.draft(context, n, self))
         out: list[int] = []
         dists: list = []
         while len(out) < n:
@@ -278,17 +286,15 @@ class CycleRunner:
             out += tokens
             dists += d
             if any(t in self.chain.eos_ids for t in tokens):
-                cut = len(_cut_after_eos(out, self.chain.eos_ids))
+                cut = len(cut_after_eos(out, self.chain.eos_ids))
                 return Draft(out[: min(cut, n)], dists[: min(cut, n)])
         return Draft(out[:n], dists[:n])
 
     def _block(self, i: int, context: list[int], n_below: int):
         """Level i verifies up to n_below proposals from level i - 1 in one forward and
         returns the accepted ones plus its own next token, with its dist per token."""
-        self._draft_end = None
         draft = (yield from self._propose(i - 1, context, n_below)) if n_below > 0 else Draft([], [])
         proposals, q = draft.tokens, draft.dists
-        draft_end = self._draft_end if i == 1 else None
         rows = yield from self._evaluate(i, context + proposals, len(proposals) + 1)
         start = self.clock()
         p = [self._dist(row) for row in rows]
@@ -300,19 +306,11 @@ class CycleRunner:
         if i > 0:
             self.stats[i - 1].proposed += len(proposals)
             self.stats[i - 1].accepted += n_acc
-            if draft_end is not None:
-                confidences, cut = draft_end
-                self.chain.draft_stop.learn(confidences, n_acc)
-                if cut:  # a draft the rule ended asked for no more: its end is no rejection to score
-                    n_below = len(proposals)
+            if i == 1 and n_below > 0:
+                self.chain.proposer.feedback(draft, n_acc)
+            if draft.stopped:  # a draft its policy ended asked for no more: its end is no rejection to score
+                n_below = len(proposals)
             if self.observer is not None and n_below > 0:
                 self.observer.on_verify(self.chain.levels[i - 1].name, self.chain.levels[i].name,
                                         proposals, q, p, n_acc, n_below, draft.match)
         return proposals[:n_acc] + [nxt], p[: n_acc + 1]
-
-
-def _cut_after_eos(tokens: list[int], eos_ids: frozenset[int]) -> list[int]:
-    for j, t in enumerate(tokens):
-        if t in eos_ids:
-            return tokens[: j + 1]
-    return tokens

@@ -14,23 +14,14 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
-from specrouter.cascade.chain import Chain, EvalRequest
+from specrouter.cascade.chain import Chain, EvalRequest, execute
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
+from specrouter.engine.speculation import Speculation, check_chain
 from specrouter.errors import InvalidParameterError
-
-
-@dataclass(frozen=True)
-class Speculation:
-    """Per-request choice: the router (auto), the target alone (off), or a fixed chain."""
-
-    mode: Literal["auto", "off", "chain"] = "auto"
-    chain: tuple[str, ...] = ()
-    draft_lengths: tuple[int, ...] = ()
 
 
 @dataclass
@@ -169,26 +160,19 @@ class BatchScheduler:
 
     def _serve(self, group: list[tuple[str, _Active]], events: list[Event]) -> None:
         backend = group[0][1].pending.backend
-        items = [a.run.state.prepare(a.pending.backend, a.pending.tokens, a.pending.n_logits) for _, a in group]
-        start = self.clock()
         try:
-            outputs = backend.decode_batch(items)
+            outputs = execute([(a.run.state, a.pending) for _, a in group], self.clock)
         except Exception as exc:  # noqa: BLE001 - isolated to the requests of this call
             for rid, a in group:
                 self._model_failed(rid, a, backend, exc, events)
             return
-        seconds = self.clock() - start
         self.batch_sizes.setdefault(backend.name, Counter())[len(group)] += 1
-        fed = sum(len(item[1]) for item in items)
-        for (rid, a), item in zip(group, items):
-            a.run.state.fed(backend, item[1])
+        seconds = group[0][1].pending.seconds
         if self.stall_seconds is not None and seconds > self.stall_seconds and backend is not group[0][1].run.target:
             for rid, a in group:  # a cycle waiting on it again would stall again: rerun it without it
                 self._drop(a, backend)
             return
-        for j, ((rid, a), logits) in enumerate(zip(group, outputs)):
-            request = a.pending
-            request.fed, request.seconds, request.shared, request.batch = fed, seconds, j > 0, len(group)
+        for (rid, a), logits in zip(group, outputs):
             try:
                 a.pending = a.steps.send(logits)
             except StopIteration as done:
@@ -240,17 +224,16 @@ class BatchScheduler:
 
 def pool_planner(pool, target: str, router=None, default: Speculation = Speculation()) -> Planner:
     """The planner a server uses: requests name `auto` (a session of `router`), `off`
-    (the target alone) or a chain of pool models that must end at the served target."""
+    (the target alone) or a chain of pool models that must end at the served target
+    (check_chain; the HTTP API has checked it against the served levels already)."""
 
     def plan(request: SeqRequest) -> Chain | ChainRouter:
         spec = request.speculation or default
         if spec.mode == "off":
             return pool.chain([target], [])
         if spec.mode == "chain":
-            names = list(spec.chain)
-            if not names or names[-1] != target:
-                raise InvalidParameterError(f"a speculation chain must end at the served model {target!r}, got {names}")
-            return pool.chain(names, list(spec.draft_lengths) if spec.draft_lengths else None)
+            check_chain(spec.chain, spec.draft_lengths or None, target=target)
+            return pool.chain(list(spec.chain), list(spec.draft_lengths) or None)
         if router is None:
             return pool.chain([target], [])  # no router configured: auto means the target alone
         return router.session()

@@ -16,7 +16,8 @@ could still become a stop string (or is an incomplete UTF-8 character) is not sh
 is resolved.
 
 Validation of a request's own input happens here, once: check_max_tokens, check_stop and
-check_prompt (the CLI calls the first before it loads any model).
+check_prompt (the CLI calls check_max_tokens and check_prompt_nonempty before it loads any
+model). A chain spec is checked by check_chain (cascade/chain.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from specrouter.backends.base import Backend
 from specrouter.cascade.chain import Chain, CycleObserver, CycleRunner, LevelStats
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.cascade.verify import residual
-from specrouter.errors import EmptyPromptError, InvalidParameterError, PromptTooLongError
+from specrouter.errors import EmptyPromptError, InvalidParameterError, InvalidTokenIdError, PromptTooLongError
 from specrouter.state import SequenceState
 
 
@@ -161,8 +162,9 @@ def as_router(chain: Chain | ChainRouter) -> ChainRouter:
 
 
 def check_max_tokens(max_tokens: int) -> None:
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens}")
+    """The one check of max_tokens: an int >= 1 (a bool is not a count)."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
 
 
 def check_stop(stop: Sequence[str]) -> None:
@@ -170,9 +172,21 @@ def check_stop(stop: Sequence[str]) -> None:
         raise InvalidParameterError("stop strings must be non-empty")
 
 
-def check_prompt(router: ChainRouter, prompt_tokens: Sequence[int]) -> None:
-    if not prompt_tokens:
+def check_prompt_nonempty(prompt: str | Sequence[int]) -> None:
+    """The one check that a prompt (text or token ids) is not empty."""
+    if not prompt:
         raise EmptyPromptError("the prompt is empty: give at least one token of text")
+
+
+def check_prompt(router: ChainRouter, prompt_tokens: Sequence[int]) -> None:
+    """The one check of a request's prompt tokens, in this order: not empty, every id in the
+    target's vocabulary (InvalidTokenIdError), and shorter than the smallest context of the
+    router's models (PromptTooLongError)."""
+    check_prompt_nonempty(prompt_tokens)
+    n_tokens = router.target.n_tokens
+    bad = next((t for t in prompt_tokens if not 0 <= t < n_tokens), None)
+    if bad is not None:
+        raise InvalidTokenIdError(f"prompt token id {bad} is outside the vocabulary (0..{n_tokens - 1})")
     n_ctx = min(m.n_ctx for m in router.models)
     if len(prompt_tokens) >= n_ctx:
         raise PromptTooLongError(

@@ -1,6 +1,6 @@
 """The router: profiled costs + estimated acceptance -> the fastest chain, per cycle.
 
-profiler (what a forward costs here), acceptance (how often a level's tokens survive the
+profiler (measures what a forward costs here) and costs (the cost model), acceptance (how often a level's tokens survive the
 next), predictor (seconds per committed token of a chain), scheduler (the Router that
 picks the argmin before every cycle). The router never touches tokens, only numbers.
 """
@@ -13,9 +13,10 @@ from pathlib import Path
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.predictor import ChainSpec, Prediction, predict
-from specrouter.router.profiler import (CostProfile, OnlineCosts, default_profile_dir, load_or_profile, profile_model,
-                                       read_profile)
-from specrouter.router.scheduler import Decision, Router, build_router
+from specrouter.router.costs import CostProfile, OnlineCosts
+from specrouter.router.profiler import default_profile_dir, load_or_profile, profile_model, read_profile
+from specrouter.router.build import build_router
+from specrouter.router.scheduler import Decision, Router
 
 __all__ = ["AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "OnlineCosts", "Prediction",
            "Router", "auto_router", "build_router", "load_or_profile", "predict", "profile_model", "read_profile"]
@@ -33,10 +34,8 @@ def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir
         if not candidates:
             raise InvalidParameterError("--chain auto needs a pulled pool model: run `specrouter pull`, or give --target")
         target = candidates[-1]
-    model = pool.level(target)
-    if not hasattr(model, "decode"):
-        raise InvalidParameterError("--target must be a model, not ngram")
-    others = [pool.level(n) for n in candidates if n != target]
+    model = pool.model(target)
+    others = [pool.model(n) for n in candidates if n != target]
     directory = Path(profile_dir) if profile_dir is not None else default_profile_dir()
     acceptance = AcceptanceEstimator()
     acceptance.load(directory / "acceptance.json")

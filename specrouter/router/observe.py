@@ -23,24 +23,21 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from specrouter.backends.ngram import NGRAM_NAME
 from specrouter.router.acceptance import AcceptanceEstimator, pair_score
+from specrouter.router.plan import match_key
 from specrouter.router.predictor import ChainSpec
-from specrouter.router.profiler import OnlineCosts
+from specrouter.router.costs import OnlineCosts
 
 OVERHEAD_EMA = 0.2
-
-
-def ngram_key(size: int) -> str:
-    """The estimator's name for the n-gram level when its suffix match has this length."""
-    return f"{NGRAM_NAME}#{size}"
 
 
 class CycleLearner:
     """The observing half of one router session."""
 
-    def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str) -> None:
-        self.acceptance, self.costs, self.target = acceptance, costs, target
+    def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str,
+                 lookup: str | None = None) -> None:
+        """lookup: the model-free level (None: none), filed per match class."""
+        self.acceptance, self.costs, self.target, self.lookup = acceptance, costs, target, lookup
         self.row_kind = "greedy"
         self.overhead = 0.0
         self.begin(None, None)
@@ -58,7 +55,7 @@ class CycleLearner:
     def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False, batch: int = 1) -> None:
         if not shared:  # a batched call teaches the shared costs once, not once per sequence
             self.costs.observe(level, n_tokens, seconds, batch)
-        if level != NGRAM_NAME:
+        if level != self.lookup:
             self._fwd_seconds += seconds
             self._fwd_count += 1
 
@@ -69,20 +66,21 @@ class CycleLearner:
     def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int,
                   match: int = 0) -> None:
         key = proposer
-        if proposer == NGRAM_NAME:
+        lookup = proposer == self.lookup
+        if lookup:
             # Filed under the match class of the lookup that drafted this block (every block a
             # middle level asks of it has its own). A block it found nothing for ends like a
             # rejection: the cycle's class pays (its fill).
-            key = ngram_key(match) if match else self._ngram_class
+            key = match_key(proposer, match) if match else self._ngram_class
         if key is not None:
             self.acceptance.observe(key, verifier, proposals, q, p, requested, n_accepted)
-        if proposer != NGRAM_NAME and proposer not in self._first_row and q:
+        if not lookup and proposer not in self._first_row and q:
             self._first_row[proposer] = q[0]
-        if proposer == NGRAM_NAME:
+        if lookup:
             self._ngram_scored.add(verifier)
         if verifier not in self._first_row and p:
             self._first_row[verifier] = p[0]
-            if self._ngram_x is not None and proposer != NGRAM_NAME:
+            if self._ngram_x is not None and not lookup:
                 self._shadow_ngram(verifier, proposals, p)
 
     def end_cycle(self, new_tokens: Sequence[int], seconds: float, ran: ChainSpec | None, batch_size: int) -> None:

@@ -22,12 +22,12 @@ error below and above: the guard to enter a chain and the one to leave it). Per 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from specrouter.backends.ngram import NGRAM_NAME
 from specrouter.router.predictor import ChainSpec, Prediction, predict
 
 #: Per pair (proposer key, verifier).
@@ -46,9 +46,16 @@ class Rates(Enum):
     BOLD = "bold"  # the guard to leave it
 
 
-def level_key(name: str, cls: str | None) -> str:
-    """The estimator's name of a chain level in a cycle (the n-gram: its match class)."""
-    return cls if name == NGRAM_NAME and cls is not None else name
+def match_key(lookup: str, size: int) -> str:
+    """The estimator's name of the model-free level `lookup` when its suffix match has this
+    length (its acceptance is kept per match length: a longer match predicts better)."""
+    return f"{lookup}#{size}"
+
+
+def level_key(name: str, cls: str | None, lookup: str | None) -> str:
+    """The estimator's name of a chain level in a cycle: the model-free level `lookup` goes
+    by its match class `cls` (when the cycle's lookup found a match), any other by its name."""
+    return cls if name == lookup and cls is not None else name
 
 
 @dataclass
@@ -121,6 +128,8 @@ class Plan:
     full: bool
     #: Match classes whose n-gram chains keep their lengths and are only predicted again.
     rescore: set[str]
+    #: The model-free level (None: the router runs none).
+    lookup: str | None = None
     memo: dict = field(default_factory=dict)  # the predictor's, per (table, class)
     predictions: dict = field(default_factory=dict)  # per (table, class, spec, room)
 
@@ -130,10 +139,11 @@ class Plan:
         done = self.predictions.get((kind, cls, spec, room))
         if done is None:
             rates, fills = self.inputs.acceptance(kind), self.inputs.fills
+            lookup = self.lookup
             done = self.predictions[(kind, cls, spec, room)] = predict(
-                spec, self.cost, lambda j, i: rates[(level_key(j, cls), i)],
-                lambda j, i: fills[(level_key(j, cls), i)], room, self.memo.setdefault((kind, cls), {}),
-                self.inputs.row * self.inputs.batch)
+                spec, self.cost, lambda j, i: rates[(level_key(j, cls, lookup), i)],
+                lambda j, i: fills[(level_key(j, cls, lookup), i)], room, self.memo.setdefault((kind, cls), {}),
+                self.inputs.row * self.inputs.batch, frozenset({lookup} if lookup else ()))
         return done
 
     def forget_class(self, cls: str, new: PlanInputs) -> None:
@@ -204,3 +214,33 @@ class Plan:
                             break
         spec = ChainSpec(names, ks)
         return Scored(spec, self.predict(spec, kind, room, cls))
+
+
+@dataclass(frozen=True)
+class DecisionInputs:
+    """What a decision was made from, as `--explain` shows it (milliseconds, rounded)."""
+
+    #: Per shown pair "proposer->verifier": {"rate": estimate, "count": observations}.
+    acceptance: dict[str, dict[str, float]]
+    #: Per shown model: {"n tokens": ms of one forward} at n = 1, 2, 4, 8.
+    cost_ms: dict[str, dict[str, float]]
+    mode: str  # "greedy" or "sampled": which acceptance tables
+    ngram_match: str | None  # the match class of the cycle's lookup (None: no match)
+    overhead_ms_per_forward: float
+    row_ms: float
+    probe_budget_used_ms: float
+
+
+@dataclass
+class Decision:
+    cycle: int
+    position: int
+    chosen: ChainSpec
+    reason: str  # "start", "switch", "probe", "keep"
+    candidates: list[Scored]
+    inputs: DecisionInputs | None = None
+
+    def as_dict(self) -> dict:
+        return {"cycle": self.cycle, "position": self.position, "chosen": str(self.chosen),
+                "reason": self.reason, "candidates": [c.as_dict() for c in self.candidates],
+                "inputs": dataclasses.asdict(self.inputs) if self.inputs is not None else {}}

@@ -28,10 +28,9 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from specrouter.backends.ngram import NGRAM_NAME
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.plan import Pair, Plan, PlanInputs, Rates, Scored, level_key
-from specrouter.router.profiler import OnlineCosts
+from specrouter.router.costs import OnlineCosts
 
 EXPLORE_BONUS = 0.5
 #: The cautious and bold rates lie this many standard errors below and above the estimate:
@@ -49,15 +48,17 @@ class Planner:
     """Best and optimistic plans per candidate chain for one request."""
 
     def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str, grid: Sequence[int],
-                 drafts: Sequence[str], ngram_keys: Sequence[str]) -> None:
+                 drafts: Sequence[str], lookup: str | None = None, match_keys: Sequence[str] = ()) -> None:
+        """lookup: the model-free level (None: none), whose estimates go by match_keys."""
         self.acceptance, self.costs, self.target, self.grid = acceptance, costs, target, tuple(grid)
-        self.ngram_keys = list(ngram_keys)
+        self.lookup = lookup
+        self.ngram_keys = list(match_keys) if lookup else []
         self.chains: list[tuple[str, ...]] = []
         for size in range(len(drafts) + 1):
             for subset in itertools.combinations(drafts, size):
                 self.chains.append((*subset, target))
-                if ngram_keys:
-                    self.chains.append((NGRAM_NAME, *subset, target))
+                if lookup:
+                    self.chains.append((lookup, *subset, target))
         self.models = [*drafts, target]
         self.replans = 0
         self.plan: Plan | None = None
@@ -90,8 +91,8 @@ class Planner:
         """The chain's adjacent pairs that only running it can teach: all but the n-gram's
         under the target, which the shadow lookup scores in every cycle with a match (against
         the target's rows, or its output when it runs alone), whatever chain runs."""
-        return [(level_key(j, cls), i) for j, i in zip(names, names[1:])
-                if not (j == NGRAM_NAME and i == self.target)]
+        return [(level_key(j, cls, self.lookup), i) for j, i in zip(names, names[1:])
+                if not (j == self.lookup and i == self.target)]
 
     def plans(self, cls: str | None) -> tuple[Plans, Plans]:
         """The best and the optimistic plans of this cycle: with a match of class `cls`, the
@@ -100,7 +101,7 @@ class Planner:
             return self._best, self._optimistic
         by_class = self._by_class.get(cls)
         if by_class is None:  # one class per cycle, so at most one more search per cycle
-            chains = [c for c in self.chains if NGRAM_NAME in c]
+            chains = [c for c in self.chains if self.lookup in c]
             by_class = self._by_class[cls] = self._plans(chains, cls, self._previous_by_class.get(cls, ({}, {})),
                                                          rescore=cls in self.plan.rescore)
         return {**self._best, **by_class[0]}, {**self._optimistic, **by_class[1]}
@@ -127,10 +128,10 @@ class Planner:
         # batch).
         rescore = set() if full or math.isinf(base) else set(self.ngram_keys)
         cost = functools.lru_cache(maxsize=None)(functools.partial(self._batch_cost, batch=batch))
-        self.plan = Plan(inputs, cost, self.grid, room if room <= max(self.grid) else None, full, rescore)
+        self.plan = Plan(inputs, cost, self.grid, room if room <= max(self.grid) else None, full, rescore, self.lookup)
         self._previous_by_class = {**self._previous_by_class, **self._by_class}
         self._by_class = {}
-        self._best, self._optimistic = self._plans([c for c in self.chains if NGRAM_NAME not in c], None,
+        self._best, self._optimistic = self._plans([c for c in self.chains if self.lookup not in c], None,
                                                    (self._best, self._optimistic))
 
     def _measure(self, room: int, batch: int, row_kind: str) -> PlanInputs:
@@ -165,9 +166,10 @@ class Planner:
         t = self.target
         base = [abs(new.costs[k] / new.costs.get(t, 1.0) - v / old.costs.get(t, 1.0))
                 / (COST_TOLERANCE * max(abs(v / old.costs.get(t, 1.0)), 1e-9))
-                for k, v in old.costs.items() if k not in ("overhead", NGRAM_NAME, t)]
-        if NGRAM_NAME in old.costs:  # a lookup of ~20 us: its level jitters by tens of %, harmlessly
-            base.append(abs(new.costs[NGRAM_NAME] - old.costs[NGRAM_NAME]) * self.costs.profile.ngram_seconds / 2e-4)
+                for k, v in old.costs.items() if k not in ("overhead", self.lookup, t)]
+        if self.lookup in old.costs:  # a lookup of ~20 us: its level jitters by tens of %, harmlessly
+            seconds = self.costs.profile.lookup_seconds[self.lookup]
+            base.append(abs(new.costs[self.lookup] - old.costs[self.lookup]) * seconds / 2e-4)
         base.append(abs(new.costs["overhead"] - old.costs["overhead"]) / 5e-4)
         base.append(abs(new.row - old.row) / 2e-4)
         classes: dict[str, float] = {}

@@ -44,8 +44,6 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from specrouter.backends.ngram import NGRAM_NAME
-
 
 @dataclass(frozen=True)
 class ChainSpec:
@@ -87,12 +85,14 @@ def predict(
     room: int | None = None,
     memo: dict | None = None,
     row: float = 0.0,
+    lookups: frozenset[str] = frozenset(),
 ) -> Prediction:
     """Expected seconds per committed token of `spec` (derivation in the module docstring).
 
     `memo`: shared by calls with the same cost/rate/fill functions, so that a search
     over draft lengths computes each lower level's P_i(n) once (keyed by the levels and
-    lengths it depends on)."""
+    lengths it depends on). `lookups`: the model-free levels (a lookup costs cost(name, n)
+    once, whatever n; no forward per token)."""
     names, ks = spec.names, spec.draft_lengths
     memo = {} if memo is None else memo
     top = len(names) - 1
@@ -112,8 +112,8 @@ def predict(
 
     def _produce(i: int, n: int) -> float:
         if i == 0:
-            if names[0] == NGRAM_NAME:
-                return cost(NGRAM_NAME, n)
+            if names[0] in lookups:
+                return cost(names[0], n)
             pi = acc[0] ** n
             return (n - 1) * cost(names[0], 1) + (1 - pi) * cost(names[0], 1) + pi * cost(names[0], 2) + n * row
         k, a, f = ks[i - 1], acc[i - 1], fills[i - 1]

@@ -1,14 +1,14 @@
-"""Cost profile: wall seconds of one forward over n tokens, per model, on this machine.
+"""Profiling: measure the wall seconds of one forward over n tokens, per model, on this
+machine, and keep them in a disk cache (the cost model they feed: costs.py).
 
 A forward's cost is measured the way the cascade uses it: on top of a cached prefix,
 n new tokens with logits for all n (a verifier needs a row per proposal), then the n
-positions are removed again. Only a subset of n is timed; the rest is interpolated
-linearly (and extrapolated from the last two points, for catch-up runs past 32).
+positions are removed again. Only a subset of n is timed (costs.py interpolates).
 
 Profiles are cached as JSON, one file per model, keyed by what changes the timing:
 the model file (its sha256 stamp for pool models, else size + mtime), the backend,
 its thread count and the CPU model. A corrupt or stale file is re-profiled with a
-warning. OnlineCosts refines the profile from the timings of real cycles (EMA).
+warning.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from specrouter.backends.base import Backend
-from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.drafters import MODEL_FREE
 from specrouter.errors import BackendError, InvalidParameterError
+from specrouter.router.costs import CostProfile
 
 #: Timed sizes: dense where the cost curve bends (small n), sparse above.
 PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -38,70 +38,8 @@ PROFILE_REPEATS = 3
 PROFILE_BATCHES = (2, 4, 8)
 PROFILE_BATCH_NS = (1, 2, 4, 8)
 PREFIX_TOKENS = 32
-#: Default n-gram lookup cost (measured ~20 us on a few thousand tokens); refined online.
-NGRAM_SECONDS = 2e-5
 _FORMAT = 1
 _PREFIX_TEXT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n"
-
-
-def interpolate(table: dict[int, float], n: float) -> float:
-    """Linear in n between measured sizes; linear extrapolation beyond them."""
-    ns = sorted(table)
-    if not ns:
-        raise ValueError("empty cost table")
-    if len(ns) == 1:
-        return table[ns[0]] * n / ns[0]
-    if n <= ns[0]:
-        lo, hi = ns[0], ns[1]
-    elif n >= ns[-1]:
-        lo, hi = ns[-2], ns[-1]
-    else:
-        hi = next(x for x in ns if x >= n)
-        lo = max(x for x in ns if x <= n)
-        if lo == hi:
-            return table[lo]
-    slope = (table[hi] - table[lo]) / (hi - lo)
-    return max(table[lo] + slope * (n - lo), 1e-9)
-
-
-@dataclass
-class CostProfile:
-    """Seconds per forward, model name -> {n tokens: seconds}, plus the n-gram lookup; and
-    per model, batched calls: {B sequences: {n tokens each: seconds of the call}}."""
-
-    tables: dict[str, dict[int, float]] = field(default_factory=dict)
-    ngram_seconds: float = NGRAM_SECONDS
-    batch_tables: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
-    #: Models whose batched call is a loop over the sequences: it costs B single calls.
-    looped: set[str] = field(default_factory=set)
-
-    def seconds(self, name: str, n: float, batch: float = 1) -> float:
-        """One call of `batch` sequences with n tokens each (n tokens of one sequence at batch 1)."""
-        if name == NGRAM_NAME:
-            return self.ngram_seconds
-        if batch == 1:
-            return interpolate(self.tables[name], n)
-        if name in self.looped:
-            return batch * interpolate(self.tables[name], n)
-        batched = self.batch_tables.get(name)
-        if not batched:  # not profiled in batches: a call costs about what its tokens cost together
-            return interpolate(self.tables[name], n * batch)
-        per_batch = {1: interpolate(self.tables[name], n)}
-        per_batch.update({b: interpolate(t, n) for b, t in batched.items()})
-        return interpolate(per_batch, batch)
-
-    def as_dict(self) -> dict:
-        return {"ngram_seconds": self.ngram_seconds,
-                "models": {m: {str(n): s for n, s in sorted(t.items())} for m, t in self.tables.items()},
-                "batched": {m: {str(b): {str(n): s for n, s in sorted(t.items())} for b, t in sorted(bt.items())}
-                            for m, bt in self.batch_tables.items()}}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> CostProfile:
-        tables = {m: {int(n): float(s) for n, s in t.items()} for m, t in data["models"].items()}
-        batched = {m: {int(b): {int(n): float(s) for n, s in t.items()} for b, t in bt.items()}
-                   for m, bt in data.get("batched", {}).items()}
-        return cls(tables, float(data.get("ngram_seconds", NGRAM_SECONDS)), batched)
 
 
 def profile_model(
@@ -184,15 +122,20 @@ def profile_batches(
             backend.free_sequence(s)
 
 
-def profile_ngram(repeats: int = 20, context_tokens: int = 2048) -> float:
-    drafter = NgramDrafter()
+def profile_lookups(repeats: int = 20, context_tokens: int = 2048) -> dict[str, float]:
+    """Median seconds of one lookup of 8 tokens over a context of context_tokens, per
+    model-free drafter."""
     context = [(i * 7919) % 1000 for i in range(context_tokens)]
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        drafter.propose(context, 8)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    out = {}
+    for name, kind in MODEL_FREE.items():
+        drafter = kind()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            drafter.lookup(context, 8)
+            times.append(time.perf_counter() - start)
+        out[name] = statistics.median(times)
+    return out
 
 
 def _prefix_tokens(backend: Backend, n: int) -> list[int]:
@@ -217,11 +160,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def backend_name(backend: Backend) -> str:
-    kind = type(backend).__name__
-    return "llama.cpp" if kind == "LlamaCppBackend" else kind
-
-
 def file_identity(path: Path | None) -> str:
     """sha256 from a pool model's stamp (hashing 1 GB per start is too slow), else size+mtime."""
     if path is None:
@@ -240,31 +178,17 @@ def file_identity(path: Path | None) -> str:
         return "missing"
 
 
-def accelerator(backend: Backend) -> str | None:
-    """The GPU a torch backend runs on (its timings are that GPU's), else None."""
-    device = str(getattr(backend, "device", "") or "")
-    if not device.startswith("cuda"):
-        return None
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(torch.device(device))
-    except Exception:  # no driver here: the device string is still a key
-        return device
-
-
 def profile_key(backend: Backend) -> dict:
-    """What a forward's time depends on besides n: model file, backend, dtype, threads, CPU/GPU."""
-    path = getattr(backend, "path", None)
-    dtype = getattr(backend, "dtype", None)
+    """What a forward's time depends on besides n: the backend's TimingKey and the CPU."""
+    key = backend.timing_key()
     return {
         "model": backend.name,
-        "file": file_identity(Path(path) if path is not None else None),
-        "backend": backend_name(backend),
-        "dtype": None if dtype is None else str(dtype),
-        "n_threads": getattr(backend, "n_threads", None),
+        "file": file_identity(key.file),
+        "backend": key.backend,
+        "dtype": key.dtype,
+        "n_threads": key.n_threads,
         "cpu": cpu_model(),
-        "gpu": accelerator(backend),
+        "gpu": key.gpu,
     }
 
 
@@ -360,7 +284,7 @@ def load_or_profile(
 
 def read_profile(file: Path) -> CostProfile:
     """A profile saved by `specrouter profile --json` or scripts/torch_profile.py (the GPU
-    check): {"models": {model: {n: seconds}}, optionally "batched" and "ngram_seconds"}.
+    check): {"models": {model: {n: seconds}}, optionally "batched" and "lookup_seconds"}.
     Its costs are taken as given, with no cache key to check: whoever passes the file
     vouches that it describes the machine (a GPU profile cannot be measured on a CPU)."""
     try:
@@ -389,87 +313,3 @@ def _write(file: Path, data: dict) -> None:
         warnings.warn(f"could not save profile {file}: {exc}", stacklevel=2)
 
 
-# Online refinement -------------------------------------------------------------------
-class OnlineCosts:
-    """The profile, corrected by observed forwards: seconds(m, n) = profile_m(n) * level_m * shape_m(n).
-
-    level_m, an EMA of observed/profiled time over every forward of m, follows a model
-    that slows down or speeds up as a whole (another process on the cores, a longer
-    context) at every n after a few forwards at any n; shape_m(n), a slower EMA per
-    (model, n), corrects the profile's curve where cycles show it is off.
-    """
-
-    ALPHA = 0.3  # a few observations move the level; one outlier does not
-    SHAPE_ALPHA = 0.1
-    ROW_ALPHA = 0.1
-
-    def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0) -> None:
-        self.profile = profile
-        self._level: dict[str, float] = {}
-        self._shape: dict[tuple[str, int], float] = {}
-        self.overhead_per_forward = overhead_per_forward  # Python work around each forward (feeding, bookkeeping)
-        #: Python work per logits row (warp, sample, verify), per kind of sampling (row_kind):
-        #: ~0.02 ms greedy, ~0.5 ms at a temperature, ~1 ms with top-p, on a 150k vocabulary.
-        self._row: dict[str, float] = {}
-
-    def _shape_at(self, name: str, n: float) -> float:
-        lo = int(n)
-        frac = n - lo
-        s_lo = self._shape.get((name, lo), 1.0)
-        return s_lo if frac < 1e-9 else (1 - frac) * s_lo + frac * self._shape.get((name, lo + 1), 1.0)
-
-    def seconds(self, name: str, n: float, batch: float = 1) -> float:
-        """One call of `batch` sequences with n tokens each (see CostProfile.seconds)."""
-        if name == NGRAM_NAME:
-            return self.profile.ngram_seconds * self._level.get(name, 1.0)
-        base = self.profile.seconds(name, n, batch)
-        return base * self._level.get(name, 1.0) * self._shape_at(name, n) + self.overhead_per_forward
-
-    def observe(self, name: str, n: int, seconds: float, batch: int = 1) -> None:
-        """A call of `batch` sequences feeding n tokens in all took `seconds`."""
-        if name not in self.profile.tables and name != NGRAM_NAME:
-            return
-        if batch > 1:  # the level follows every call; shapes stay a single-sequence correction
-            base = self.profile.seconds(name, max(n / batch, 1), batch)
-            level = self._level.get(name, 1.0)
-            self._level[name] = level + self.ALPHA * (seconds / base - level)
-            return
-        base = self.profile.seconds(name, max(n, 1))
-        r = seconds / base if base > 0 else 1.0
-        shape = self._shape.get((name, n), 1.0) if name != NGRAM_NAME else 1.0
-        level = self._level.get(name, 1.0)
-        self._level[name] = level = level + self.ALPHA * (r / shape - level)
-        if name != NGRAM_NAME:
-            self._shape[(name, n)] = shape + self.SHAPE_ALPHA * (r / level - shape)
-            # Shapes average 1 over the sizes seen: a common factor belongs to the level
-            # (it then applies at every n), only the relative curve stays in the shapes.
-            keys = [k for k in self._shape if k[0] == name]
-            mean = sum(self._shape[k] for k in keys) / len(keys)
-            for k in keys:
-                self._shape[k] /= mean
-            self._level[name] *= mean
-
-    def snapshot(self) -> dict:
-        """The numbers predictions depend on; the router re-plans when they move enough."""
-        return {**self._level, **{f"{m}@{n}": v for (m, n), v in self._shape.items()},
-                "overhead": self.overhead_per_forward}
-
-    def set_overhead(self, seconds: float) -> None:
-        self.overhead_per_forward = seconds
-
-    def row_seconds(self, kind: str) -> float:
-        return self._row.get(kind, 0.0)
-
-    def observe_rows(self, kind: str, rows: int, seconds: float) -> None:
-        """The Python work on `rows` logits rows took `seconds` (an EMA per row, from the first)."""
-        if rows > 0:
-            per_row = seconds / rows
-            old = self._row.get(kind)
-            self._row[kind] = per_row if old is None else old + self.ROW_ALPHA * (per_row - old)
-
-
-def row_kind(params) -> str:
-    """What a logits row's Python work depends on: greedy (an argmax), or the warp's filters."""
-    if params.greedy:
-        return "greedy"
-    return "sampled" + "+top_k" * bool(params.top_k) + "+top_p" * (params.top_p < 1.0)

@@ -15,7 +15,7 @@ Hysteresis: the chain changes only when the new best is more than HYSTERESIS bet
 the current one, so it does not flap.
 
 The n-gram level is routed per cycle on what its lookup found: its acceptance is kept
-per length of the suffix match (1..max_ngram, `ngram_key`), and the lookup is done
+per length of the suffix match (1..max_ngram, `plan.match_key`), and the lookup is done
 before the choice, so a cycle whose match is long (often right) drafts with it and one
 whose match is a single token (right about a quarter of the time on code) does not.
 Chains that differ only by the n-gram level form one family: moving inside a family
@@ -58,22 +58,21 @@ Any chain choice made before a cycle keeps the output exact
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from specrouter.backends.base import Backend
-from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.drafters.ngram import NgramDrafter
 from specrouter.cascade.chain import Chain, Level
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.draft_stop import ConfidenceStop
-from specrouter.router.observe import CycleLearner, ngram_key
-from specrouter.router.plan import Plan, Rates, Scored, level_key
+from specrouter.router.observe import CycleLearner
+from specrouter.router.plan import Decision, DecisionInputs, Plan, Rates, Scored, level_key, match_key
 from specrouter.router.planner import Planner
 from specrouter.router.predictor import ChainSpec
-from specrouter.router.profiler import OnlineCosts, row_kind
+from specrouter.router.costs import OnlineCosts, row_kind
 
 HYSTERESIS = 0.05
 EXPLORE_FRACTION = 0.03  # leaves room for auto >= 0.97x of the best static choice
@@ -86,24 +85,9 @@ HORIZON = 256  # tokens over which a catch-up cost is amortised at most
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
 
 
-def _family(names: Sequence[str]) -> tuple[str, ...]:
-    """A chain without its n-gram level: chains of one family switch freely between cycles."""
-    return tuple(n for n in names if n != NGRAM_NAME)
-
-
-@dataclass
-class Decision:
-    cycle: int
-    position: int
-    chosen: ChainSpec
-    reason: str  # "start", "switch", "probe", "keep"
-    candidates: list[Scored]
-    inputs: dict = field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        return {"cycle": self.cycle, "position": self.position, "chosen": str(self.chosen),
-                "reason": self.reason, "candidates": [c.as_dict() for c in self.candidates],
-                "inputs": self.inputs}
+def _family(names: Sequence[str], lookup: str | None) -> tuple[str, ...]:
+    """A chain without its model-free level: chains of one family switch freely between cycles."""
+    return tuple(n for n in names if n != lookup)
 
 
 class Router:
@@ -131,6 +115,8 @@ class Router:
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
         self.ngram = NgramDrafter() if use_ngram else None  # keeps no state: its evidence travels with its draft
+        #: The model-free level's name (None: none is routed).
+        self.lookup = self.ngram.name if self.ngram else None
         self.costs = costs
         self.acceptance = acceptance or AcceptanceEstimator()
         self.grid = tuple(draft_grid)
@@ -141,15 +127,17 @@ class Router:
         #: no longer pays (draft_stop), at most max(grid) tokens on.
         self.draft_stop = (shared_stop.session() if shared_stop else ConfidenceStop()) if confidence_stop else None
         self._levels: dict[str, Level] = {m.name: m for m in self.models}
+        match_keys = []
         if self.ngram:
-            self._levels[NGRAM_NAME] = self.ngram
-        ngram_keys = [ngram_key(n) for n in range(1, self.ngram.max_ngram + 1)] if self.ngram else []
-        self.planner = Planner(self.acceptance, costs, target.name, self.grid, [m.name for m in self.drafts], ngram_keys)
+            self._levels[self.ngram.name] = self.ngram
+            match_keys = [match_key(self.ngram.name, n) for n in range(1, self.ngram.max_ngram + 1)]
+        self.planner = Planner(self.acceptance, costs, target.name, self.grid, [m.name for m in self.drafts],
+                               self.lookup, match_keys)
         self._chain_objs: dict[ChainSpec, Chain] = {}
         self.elapsed = self.probe_spent = 0.0  # seconds of cycles (global), of which probes' extra
         self.decisions: list[Decision] = []
         self.current: ChainSpec | None = None
-        self.learner = CycleLearner(self.acceptance, costs, target.name)
+        self.learner = CycleLearner(self.acceptance, costs, target.name, self.lookup)
         #: Sequences that advance together (set by the batch scheduler before choose): every
         #: forward then carries this many sequences' tokens, so it is costed at batch x n tokens.
         self.batch_size = 1
@@ -173,7 +161,7 @@ class Router:
     @property
     def names(self) -> list[str]:
         """Every level the router may run, cheapest first."""
-        return [NGRAM_NAME] * bool(self.ngram) + self.planner.models
+        return [self.lookup] * bool(self.lookup) + self.planner.models
 
     @property
     def _plan(self) -> Plan:
@@ -192,8 +180,10 @@ class Router:
         grid's longest length as its cap (draft_stop)."""
         chain = self._chain_objs.get(spec)
         if chain is None:
-            lengths = [max(self.grid)] if self._stops(spec.names) else list(spec.draft_lengths)
-            chain = self._chain_objs[spec] = Chain([self._levels[n] for n in spec.names], lengths)
+            stops = self._stops(spec.names)
+            lengths = [max(self.grid)] if stops else list(spec.draft_lengths)
+            chain = self._chain_objs[spec] = Chain([self._levels[n] for n in spec.names], lengths,
+                                                   draft_stop=self.draft_stop if stops else None)
         return chain
 
     # Request lifecycle ----------------------------------------------------------------
@@ -219,7 +209,7 @@ class Router:
     def _catch_up(self, spec: ChainSpec, position: int, cached: Mapping[str, int]) -> float:
         total = 0.0
         for name in spec.names[:-1]:  # the target is always caught up (it runs every cycle)
-            if name == NGRAM_NAME:
+            if name == self.lookup:
                 continue
             extra = position - cached.get(name, 0) - 1  # the predictor already counts 1-2 tokens
             if extra > 0:
@@ -242,7 +232,7 @@ class Router:
         x, self._ngram_key = None, None
         if self.ngram is not None and context is not None:
             x, size = self.ngram.lookup(context, max(self.grid))
-            x, self._ngram_key = (x, ngram_key(size)) if x else (None, None)
+            x, self._ngram_key = (x, match_key(self.ngram.name, size)) if x else (None, None)
         self.learner.begin(x, self._ngram_key)
         self._cycle += 1
         self.planner.refresh(room, self.batch_size, self._row_kind, self._cycle, now=self._probe is not None)
@@ -287,7 +277,7 @@ class Router:
 
     def _stops(self, names: Sequence[str]) -> bool:
         """Whether the chain's draft ends on its confidence: a model drafting for the target."""
-        return self.draft_stop is not None and len(names) == 2 and names[0] != NGRAM_NAME
+        return self.draft_stop is not None and len(names) == 2 and names[0] != self.lookup
 
     def _armed(self, scored: Scored, position: int, cached: Mapping[str, int], stopping: bool = True) -> Chain:
         """The chain object of a choice, its draft stop set up for this cycle (draft_stop); a
@@ -303,15 +293,13 @@ class Router:
             self.draft_stop.configure((self.acceptance.mode, draft, target), self.planner.rate(draft, target), cap,
                                       scored.prediction.seconds_per_token, cost(draft, 1) + row,
                                       lambda n: cost(target, behind + n) + n * row, stopping)
-            chain.draft_stop = self.draft_stop
         return chain
 
     def _check_sure(self, s: Scored, alone: Scored, room: int) -> Scored:
         """Sets whether a chain beats the target alone even at the cautious acceptance (CAUTION_Z
-        standard errors below the estimate, AcceptanceEstimator.cautious). The argmin over
+        standard errors below the estimate, AcceptanceEstimator.cautious): the argmin over
         estimates is biased toward the chains whose estimates are high by chance (the winner's
-        curse), and on a CPU where speculation wins by a few percent at best that bias alone
-        made auto lose to the target alone; the draft lengths are still those of the estimate."""
+        curse). The draft lengths are still those of the estimate."""
         if len(s.spec.names) > 1:
             r = room if room <= max(self.grid) else None
             s.cautious = self._plan.predict(s.spec, Rates.CAUTIOUS, r, self._ngram_key).seconds_per_token + s.catch_up_per_token
@@ -328,15 +316,14 @@ class Router:
         Caution to enter, boldness to leave: the chain is kept while it beats the target alone
         at the bold acceptance (CAUTION_Z standard errors above the estimate), and then
         against the target alone without the flat hysteresis; the standard errors between
-        the two rates are the hysteresis at the target alone's border. Left at its estimate
-        (as before), one unlucky pair of short blocks under an fp32 target, whose blocks
-        keep 8 tokens, sent a chain that ran 1.7x faster out, and with it the only data that
-        could bring it back."""
+        the two rates are the hysteresis at the target alone's border (docs/router-design.md:
+        why)."""
         if self.current is None:
             return None
-        family = _family(self.current.names)
-        options = [s for s in ranked if s.sure and _family(s.spec.names) == family and s.spec.names != self.current.names]
-        if NGRAM_NAME not in self.current.names or self._ngram_key is not None:
+        family = _family(self.current.names, self.lookup)
+        options = [s for s in ranked if s.sure and _family(s.spec.names, self.lookup) == family
+                   and s.spec.names != self.current.names]
+        if self.lookup not in self.current.names or self._ngram_key is not None:
             r = room if room <= max(self.grid) else None
             prediction = self._plan.predict(self.current, room=r, cls=self._ngram_key)
             kept = self._check_sure(self._score(Scored(self.current, prediction), position, room, cached), alone, room)
@@ -376,15 +363,13 @@ class Router:
             return
         shown = ranked[:8] + ([probe] if probe is not None else [])
         names = sorted({n for s in shown for n in s.spec.names}, key=self.names.index)
-        keys = [level_key(n, self._ngram_key) for n in names]
+        keys = [level_key(n, self._ngram_key, self.lookup) for n in names]
         pairs = {f"{j}->{i}": {"rate": round(self.planner.rate(j, i), 3), "count": round(self.acceptance.count(j, i), 1)}
                  for j, i in itertools.combinations(keys, 2)}
-        costs = {n: {str(k): round(self.costs.seconds(n, k) * 1e3, 3) for k in (1, 2, 4, 8)} for n in names if n != NGRAM_NAME}
-        inputs = {"acceptance": pairs, "cost_ms": costs, "mode": self.acceptance.mode,
-                  "ngram_match": self._ngram_key,
-                  "overhead_ms_per_forward": round(self.costs.overhead_per_forward * 1e3, 3),
-                  "row_ms": round(self.costs.row_seconds(self._row_kind) * 1e3, 4),
-                  "probe_budget_used_ms": round(self.probe_spent * 1e3, 3)}
+        costs = {n: {str(k): round(self.costs.seconds(n, k) * 1e3, 3) for k in (1, 2, 4, 8)} for n in names if n != self.lookup}
+        inputs = DecisionInputs(pairs, costs, self.acceptance.mode, self._ngram_key,
+                                round(self.costs.overhead_per_forward * 1e3, 3),
+                                round(self.costs.row_seconds(self._row_kind) * 1e3, 4), round(self.probe_spent * 1e3, 3))
         self.decisions.append(Decision(self._cycle, position, spec, reason, shown, inputs))
 
     # Observations: the session's learner (observe.py) --------------------------------------
@@ -407,44 +392,3 @@ class Router:
             # probing the one good chain paid for probing every other (seen with an fp32 target).
             self.probe_spent += max(0.0, seconds - len(new_tokens) * best_rate) * self.batch_size
         self.learner.end_cycle(new_tokens, seconds, self._probe[0] if self._probe else self.current, self.batch_size)
-
-
-def sharing_drafts(target: Backend, models: Sequence[Backend]) -> tuple[list[Backend], list[str]]:
-    """The models smaller than the target that share its tokenizer, and why others were left out."""
-    from specrouter.errors import TokenizerMismatchError
-    from specrouter.vocab import check_shared_tokenizer
-
-    drafts, skipped = [], []
-    for model in models:
-        if model is target or model.name == target.name:
-            continue
-        if model.params_b >= target.params_b:
-            skipped.append(f"{model.name} (not smaller than the target)")
-            continue
-        try:
-            check_shared_tokenizer([model, target])
-        except TokenizerMismatchError:
-            skipped.append(f"{model.name} (another tokenizer)")
-            continue
-        drafts.append(model)
-    return drafts, skipped
-
-
-def build_router(target: Backend, models: Sequence[Backend],
-                 costs: OnlineCosts | Callable[[list[Backend]], OnlineCosts],
-                 acceptance: AcceptanceEstimator | None = None, **kw) -> Router:
-    """A Router over the target, the given models that can draft for it, and the n-gram level.
-    `costs` may be a function of the models kept (so only those get profiled).
-    With no model sharing the target's tokenizer it says so: only the target alone and
-    the n-gram level (model-free, it shares any tokenizer) remain."""
-    drafts, skipped = sharing_drafts(target, models)
-    if not isinstance(costs, OnlineCosts):
-        costs = costs([*drafts, target])
-    message = None
-    if not drafts:
-        message = (f"no draft model shares the tokenizer of {target.name}"
-                   + (f" (left out: {', '.join(skipped)})" if skipped else "")
-                   + f": falling back to {target.name} alone (and the n-gram drafter where it pays)")
-    elif skipped:
-        message = f"left out of routing: {', '.join(skipped)}"
-    return Router(target, drafts, costs, acceptance, message=message, **kw)

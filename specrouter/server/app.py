@@ -27,9 +27,10 @@ from starlette.exceptions import HTTPException
 
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
-from specrouter.engine.batch import SeqRequest, Speculation
+from specrouter.engine.batch import SeqRequest
 from specrouter.engine.request import GenerationResult
-from specrouter.errors import BackendError, SpecRouterError
+from specrouter.engine.speculation import Speculation
+from specrouter.errors import BackendError, InvalidChainError, InvalidTokenIdError, SpecRouterError
 from specrouter.server import schemas as s
 from specrouter.server.config import ServeConfig
 from specrouter.server.service import Handle, QueueFullError, RequestTimeoutError, Service, ServiceStoppedError
@@ -41,6 +42,10 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.body = status, s.ErrorResponse(error=s.ErrorDetail(message=message, type=type, param=param,
                                                                              code=code))
+
+
+#: The request field (OpenAI's `param`) that an engine error points to.
+_PARAMS: dict[type[Exception], str] = {InvalidChainError: "speculation.chain", InvalidTokenIdError: "prompt"}
 
 
 def _from_exception(exc: Exception) -> APIError:
@@ -55,7 +60,7 @@ def _from_exception(exc: Exception) -> APIError:
     if isinstance(exc, SpecRouterError) and not isinstance(exc, BackendError):
         # EmptyPromptError -> "empty_prompt": the error type names the problem.
         code = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__.removesuffix("Error")).lower()
-        return APIError(400, str(exc), code=code)
+        return APIError(400, str(exc), param=_PARAMS.get(type(exc)), code=code)
     return APIError(500, f"internal error: {exc}", "server_error")
 
 
@@ -123,7 +128,8 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
 
     async def generate(body, request: Request, tokens: list[int], max_tokens: int, prefix: str, chunks, whole):
         """Submit, then stream chunks(...) or answer whole(id, created, result)."""
-        handle = await service.submit(_seq_request(body, tokens, service, max_tokens))
+        speculation = body.engine_speculation(service.levels, config.served)
+        handle = await service.submit(_seq_request(body, tokens, max_tokens, speculation))
         ident, created = f"{prefix}-{handle.id}", int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -140,7 +146,7 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
         if isinstance(body.prompt, str):
             tokens = await asyncio.to_thread(service.target.tokenize, body.prompt)
         else:
-            tokens = _checked_ids(body.prompt, service.target.n_tokens)
+            tokens = body.prompt  # ids are checked with the rest of the prompt (engine.request.check_prompt)
 
         def whole(ident: str, created: int, r: GenerationResult) -> s.Completion:
             return s.Completion(id=ident, created=created, model=model, usage=s.Usage.of(r),
@@ -185,34 +191,13 @@ def _check_model(requested: str, served: str) -> None:
                        param="model", code="model_not_found")
 
 
-def _checked_ids(ids: list[int], n_tokens: int) -> list[int]:
-    bad = next((t for t in ids if t >= n_tokens), None)
-    if bad is not None:
-        raise APIError(400, f"prompt token id {bad} is outside the vocabulary (0..{n_tokens - 1})", param="prompt",
-                       code="invalid_token_id")
-    return ids
-
-
-def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: list[int], service: Service,
-                 max_tokens: int) -> SeqRequest:
+def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: list[int], max_tokens: int,
+                 speculation: Speculation | None) -> SeqRequest:
     # Below 1e-5 the warped distribution is the argmax up to exact ties: such temperatures
     # are greedy (as in vLLM).
     temperature = body.temperature if body.temperature >= _MIN_TEMPERATURE else 0.0
     params = SamplingParams(temperature=temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
-    return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list,
-                      speculation=_speculation(body.speculation, service.levels))
-
-
-def _speculation(field: str | s.SpeculationChain | None, levels: list[str]) -> Speculation | None:
-    if field is None:
-        return None
-    if isinstance(field, str):
-        return Speculation(mode=field)
-    unknown = [n for n in field.chain if n not in levels]
-    if unknown or len(set(field.chain)) != len(field.chain):
-        raise APIError(400, f"speculation.chain must name distinct served levels ({', '.join(levels)}), "
-                            f"got {field.chain}", param="speculation.chain", code="invalid_chain")
-    return Speculation(mode="chain", chain=tuple(field.chain), draft_lengths=tuple(field.draft_lengths or ()))
+    return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list, speculation=speculation)
 
 
 async def _result_unless_disconnected(handle: Handle, request: Request) -> GenerationResult | None:

@@ -10,10 +10,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specrouter.backends.ngram import NGRAM_NAME
-from specrouter.engine.batch import Speculation
+from specrouter.drafters import MODEL_FREE
+from specrouter.engine.request import check_max_tokens
+from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError
 
 DEFAULT_MODELS = ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
@@ -34,7 +35,7 @@ class ServeConfig(BaseModel):
     profile: Path | None = Field(None, description="router costs from this JSON profile for the models it names")
     max_batch: int = Field(4, ge=1, description="sequences generating at once")
     max_queue: int = Field(32, ge=0, description="requests waiting for a batch slot before 429")
-    max_tokens: int = Field(256, ge=1, description="a request's max_tokens when it gives none")
+    max_tokens: int = Field(256, description="a request's max_tokens when it gives none (an integer >= 1)")
     request_timeout: float = Field(600.0, ge=0, description="seconds before a request is cancelled (0: never)")
     shutdown_timeout: float = Field(30.0, ge=0, description="seconds in-flight requests may finish on shutdown")
     stall_seconds: float = Field(0.0, ge=0, description="a draft model call slower than this is dropped from its "
@@ -43,17 +44,17 @@ class ServeConfig(BaseModel):
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = Field(None, description="require `Authorization: Bearer <key>` on /v1")
 
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _check_max_tokens(cls, value: Any) -> Any:
+        check_max_tokens(value)
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> ServeConfig:
         if self.target is not None and self.target not in self.models:
             raise ValueError(f"target {self.target!r} is not one of models {self.models}")
-        names = self.chain_names
-        if names is not None:
-            unknown = [n for n in names if n not in self.levels]
-            if unknown or names[-1] != self.served:
-                raise ValueError(f"chain {self.chain!r} must use levels of {self.levels} and end at {self.served!r}")
-        elif self.draft_lengths is not None:
-            raise ValueError("draft_lengths needs an explicit chain")
+        self.default_speculation()  # chain and draft_lengths, checked against the levels and the target
         return self
 
     @property
@@ -62,18 +63,12 @@ class ServeConfig(BaseModel):
 
     @property
     def levels(self) -> list[str]:
-        """What a chain may name: the n-gram drafter and the pool."""
-        return [NGRAM_NAME, *self.models]
-
-    @property
-    def chain_names(self) -> list[str] | None:
-        return None if self.chain in ("auto", "off") else [n.strip() for n in self.chain.split(",")]
+        """What a chain may name: the model-free drafters and the pool."""
+        return [*MODEL_FREE, *self.models]
 
     def default_speculation(self) -> Speculation:
-        names = self.chain_names
-        if names is None:
-            return Speculation(mode=self.chain)
-        return Speculation(mode="chain", chain=tuple(names), draft_lengths=tuple(self.draft_lengths or ()))
+        """`chain` and `draft_lengths` as the engine's type (raises InvalidParameterError)."""
+        return Speculation.parse(self.chain, self.draft_lengths, self.levels, self.served)
 
 
 def load_config(path: Path | None = None, **overrides: Any) -> ServeConfig:

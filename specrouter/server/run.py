@@ -23,9 +23,10 @@ def serve(config: ServeConfig) -> None:
         router = auto_router(pool, config.served, config.models, profile_file=config.profile)
         if router.message:
             click.echo(f"note: {router.message}", err=True)
-        if config.chain_names is not None:
-            pool.chain(config.chain_names, config.draft_lengths)  # a bad default chain fails now, not per request
-        plan = pool_planner(pool, config.served, router, config.default_speculation())
+        default = config.default_speculation()
+        if default.mode == "chain":  # a default chain that does not load fails now, not per request
+            pool.chain(list(default.chain), list(default.draft_lengths) or None)
+        plan = pool_planner(pool, config.served, router, default)
         scheduler = BatchScheduler(plan, config.max_batch, stall_seconds=config.stall_seconds or None)
         service = Service(scheduler, pool.level(config.served), config.levels,
                           config.max_queue, config.request_timeout or None)

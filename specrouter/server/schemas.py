@@ -8,11 +8,13 @@ declared: unknown fields are ignored, as OpenAI-compatible servers commonly do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from specrouter.engine.request import GenerationResult
+from specrouter.engine.speculation import Speculation
 
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
@@ -28,7 +30,8 @@ class SpeculationChain(BaseModel):
     draft_lengths: list[DraftLength] | None = Field(None, max_length=7, description="default 4 per drafting level")
 
 
-Speculation = Literal["auto", "off"] | SpeculationChain
+#: The wire form of a request's speculation; _Sampling.engine_speculation turns it into the engine's Speculation.
+SpeculationField = Literal["auto", "off"] | SpeculationChain
 
 
 class StreamOptions(BaseModel):
@@ -48,11 +51,22 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    speculation: Speculation | None = Field(None, description="default: the server's chain setting")
+    speculation: SpeculationField | None = Field(None, description="default: the server's chain setting")
 
     @property
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def engine_speculation(self, levels: Sequence[str], target: str) -> Speculation | None:
+        """The request's speculation as the engine's type (None: the server's default); a
+        chain is checked against the served levels and target (check_chain), an empty
+        draft_lengths meaning the default."""
+        field = self.speculation
+        if field is None:
+            return None
+        if isinstance(field, str):
+            return Speculation(field)
+        return Speculation.fixed(field.chain, field.draft_lengths, levels, target)
 
 
 class CompletionRequest(_Sampling):

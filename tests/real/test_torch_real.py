@@ -22,7 +22,7 @@ from specrouter.cascade.sampling import SamplingParams  # noqa: E402
 from specrouter.chat import chat_prompt_tokens  # noqa: E402
 from specrouter.convert import converted_dir, is_converted  # noqa: E402
 from specrouter.state import SequenceState  # noqa: E402
-from specrouter.vocab import check_shared_tokenizer, vocab_texts  # noqa: E402
+from specrouter.vocab import check_shared_tokenizer  # noqa: E402
 
 from .conftest import SMALL, TARGET  # noqa: E402
 from .greedy_check import assert_matches_references, benchmark_prompts, reference_outputs  # noqa: E402
@@ -50,7 +50,7 @@ def tpool(pool):
 def test_converted_models_share_the_tokenizer_of_their_gguf(tpool):
     llama, torch_model = tpool.level(TARGET), tpool.level(T_TARGET)
     check_shared_tokenizer([tpool.level(SMALL), torch_model, llama])  # raises on a mismatch
-    assert vocab_texts(torch_model) == vocab_texts(llama)
+    assert torch_model.vocab_texts() == llama.vocab_texts()
     assert torch_model.n_vocab == llama.n_vocab and torch_model.n_tokens == llama.n_tokens
     assert [torch_model.token_bytes(t) for t in range(llama.n_tokens)] == [llama.token_bytes(t) for t in range(llama.n_tokens)]
     assert torch_model.eos_ids == llama.eos_ids

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.drafters.ngram import NGRAM_NAME, NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams

@@ -15,7 +15,7 @@ def test_auto_is_the_default_chain():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--prompt", "x", "--draft-lengths", "3"], "--draft-lengths needs an explicit --chain"),
+        (["--prompt", "x", "--draft-lengths", "3"], "draft_lengths needs an explicit chain, not 'auto'"),
         (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--target", "qwen2.5-coder-1.5b"],
          "--target, --explain and --profile work with --chain auto"),
         (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--explain"],
@@ -55,13 +55,13 @@ def test_explain_lists_decisions_candidates_and_inputs():
 
 
 class _FamilyPool:
-    """The synthetic family behind the `level` lookup auto_router uses, with model files
+    """The synthetic family behind the `model` lookup auto_router uses, with model files
     (the profile cache key reads them)."""
 
     def __init__(self, models):
         self.models = {m.name: m for m in models}
 
-    def level(self, name):
+    def model(self, name):
         return self.models[name]
 
 

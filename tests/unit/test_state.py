@@ -4,7 +4,7 @@ exactly the rejected positions and catches up lazily."""
 import numpy as np
 import pytest
 
-from specrouter.backends.ngram import NgramDrafter
+from specrouter.drafters.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain, CycleRunner
 from specrouter.cascade.sampling import SamplingParams

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import pytest
 
-from specrouter.backends.ngram import NgramDrafter
+from specrouter.drafters.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 
-from ..test_sampling_exactness import BelowHalf
+from .test_sampling_exactness import BelowHalf
 from .exact import marginal_pvalues, sample_outputs, target_law, worst
 
 ALPHA = 1e-3

@@ -3,14 +3,14 @@ evidence, while the global estimates and costs are shared."""
 
 from __future__ import annotations
 
-from specrouter.backends.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.drafters.ngram import NGRAM_NAME, NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine.batch import BatchScheduler, SeqRequest
-from specrouter.router.scheduler import ngram_key
+from specrouter.router.plan import match_key
 
 from ..router_synth import linear, make_router
-from ..test_batch import drain, finished
+from ..engine.test_batch import drain, finished
 
 
 def test_each_request_files_ngram_acceptance_under_its_own_match_class():
@@ -38,7 +38,7 @@ def test_each_request_files_ngram_acceptance_under_its_own_match_class():
 
         def spy_observe(proposer, verifier, proposals, q, p, requested, n_accepted):
             if proposer.startswith(NGRAM_NAME):
-                filed[rid].append((proposer, ngram_key(lookup.lookup(contexts[-1], 1)[1])))
+                filed[rid].append((proposer, match_key("ngram", lookup.lookup(contexts[-1], 1)[1])))
             observe(proposer, verifier, proposals, q, p, requested, n_accepted)
 
         session.choose, session.acceptance.observe = spy_choose, spy_observe

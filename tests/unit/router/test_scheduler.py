@@ -5,15 +5,17 @@ import itertools
 import numpy as np
 import pytest
 
-from specrouter.backends.ngram import NgramDrafter
+from specrouter.drafters.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.router import AcceptanceEstimator, OnlineCosts
 from specrouter.router.predictor import ChainSpec, closed_form_two_level, predict
 from specrouter.router.acceptance import STALE_HALF_LIFE
-from specrouter.router.scheduler import DRAFT_GRID, build_router, ngram_key
+from specrouter.router.plan import match_key
+from specrouter.router.build import build_router
+from specrouter.router.scheduler import DRAFT_GRID
 
-from .router_synth import (PROMPT, family, linear, make_router, profiled, rows_cost_simulated_time,
+from ..router_synth import (PROMPT, family, linear, make_router, profiled, rows_cost_simulated_time,
                            seconds_per_token, static_chains)
 
 SAMPLED = SamplingParams(temperature=1.0)
@@ -84,11 +86,11 @@ def test_search_finds_the_argmin_over_all_chains_and_draft_lengths():
     rates = {("small", "mid"): 0.75, ("mid", "target"): 0.85, ("small", "target"): 0.7,
              ("ngram", "small"): 0.3, ("ngram", "mid"): 0.3, ("ngram", "target"): 0.3}
     # The n-gram's estimates are kept per match length: every class at the same rate here.
-    seeds = {(ngram_key(n) if j == "ngram" else j, i): a for (j, i), a in rates.items() for n in range(1, 5)}
+    seeds = {(match_key("ngram", n) if j == "ngram" else j, i): a for (j, i), a in rates.items() for n in range(1, 5)}
     router = seeded_router(target, [small, mid], seeds, use_ngram=True)
     chosen = router.choose(len(PROMPT), 1000, caught_up(router), [*PROMPT, 1])  # the context's last token recurs
     costs = {m.name: m.latency for m in (target, mid, small)}
-    cost = lambda name, n: router.costs.profile.ngram_seconds if name == "ngram" else costs[name](n)  # noqa: E731
+    cost = lambda name, n: router.costs.profile.lookup_seconds["ngram"] if name == "ngram" else costs[name](n)  # noqa: E731
     best = min((ChainSpec(names, ks) for names in router.chains
                 for ks in itertools.product(DRAFT_GRID, repeat=len(names) - 1)),
                key=lambda s: predict(s, cost, lambda j, i: rates[(j, i)]).seconds_per_token)
@@ -273,7 +275,7 @@ def test_the_ngram_level_drafts_only_in_cycles_whose_match_pays():
     target = SyntheticBackend("t", latency=lambda n: float(np.interp(n, list(costs), list(costs.values()))), params_b=1.5)
     router = make_router(target, [], use_ngram=True)
     for size, a in {1: 0.2, 2: 0.3, 3: 0.5, 4: 0.9}.items():
-        router.acceptance.set_global(ngram_key(size), "t", a, count=1000, mode="greedy")
+        router.acceptance.set_global(match_key("ngram", size), "t", a, count=1000, mode="greedy")
     long_match = [9, 1, 2, 3, 4, 8, 1, 2, 3, 4]  # the last 4 tokens occurred before
     short_match = [9, 5, 8, 6, 7, 5]  # only the last token did
     picks = []
@@ -294,7 +296,7 @@ def test_ngram_observations_are_kept_per_match_length():
     router = make_router(target, [], use_ngram=True)
     seconds_per_token(router, [target], GREEDY, 60, prompt=[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3])
     proposers = {proposer for _, proposer, _ in router.acceptance.global_}
-    assert proposers and proposers <= {ngram_key(n) for n in range(1, 5)}, proposers
+    assert proposers and proposers <= {match_key("ngram", n) for n in range(1, 5)}, proposers
 
 
 def test_probes_a_draft_left_after_one_bad_block_under_a_slow_target():
@@ -403,7 +405,7 @@ def test_the_router_learns_the_python_work_per_row_apart_from_the_forwards(monke
     assert router.costs.row_seconds("sampled") == pytest.approx(0.002)
     assert router.costs.row_seconds("greedy") == 0.0  # never observed: another kind of row
     assert router.costs.overhead_per_forward == pytest.approx(0.0, abs=1e-12)
-    assert router.decisions[-1].inputs["row_ms"] == pytest.approx(2.0)  # what --explain shows
+    assert router.decisions[-1].inputs.row_ms == pytest.approx(2.0)  # what --explain shows
 
 
 def test_ngram_chains_under_the_target_are_never_probed():
@@ -416,4 +418,4 @@ def test_ngram_chains_under_the_target_are_never_probed():
     router = make_router(target, [], use_ngram=True)
     _, result = seconds_per_token(router, [target], GREEDY, 100, prompt=[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3])
     assert not [d for d in result.decisions if d["reason"] == "probe"]
-    assert sum(router.acceptance.count(ngram_key(n), "t") for n in range(1, 5)) >= 50
+    assert sum(router.acceptance.count(match_key("ngram", n), "t") for n in range(1, 5)) >= 50

@@ -1,4 +1,4 @@
-from specrouter.backends.ngram import NgramDrafter
+from specrouter.drafters.ngram import NgramDrafter
 
 
 def test_proposes_continuation_of_latest_occurrence_of_longest_suffix():

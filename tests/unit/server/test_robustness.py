@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from .server_synth import MODEL, build_service, leaked_kv, running_server, wait_until
+from ..server_synth import MODEL, build_service, leaked_kv, running_server, wait_until
 
 
 def error_of(response: httpx.Response, status: int) -> dict:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from specrouter.backends.ngram import NgramDrafter
+from specrouter.drafters.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams, warp

@@ -45,7 +45,7 @@ def test_flags_override_the_file(tmp_path):
     ({"max_batch": 0}, "max_batch: Input should be greater than or equal to 1"),
     ({"colour": "red"}, "colour: Extra inputs are not permitted"),
     ({"target": "other"}, "target 'other' is not one of models"),
-    ({"chain": f"{TARGET},{SMALL}"}, "must use levels of"),
+    ({"chain": f"{TARGET},{SMALL}"}, "must end at the served model"),
     ({"chain": f"missing,{TARGET}"}, "must use levels of"),
     ({"draft_lengths": [2]}, "draft_lengths needs an explicit chain"),
     ({"port": 70000}, "port: Input should be less than or equal to 65535"),

@@ -35,13 +35,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from specrouter.backends.ngram import NgramDrafter  # noqa: E402
+from specrouter.drafters.ngram import NgramDrafter  # noqa: E402
 from specrouter.backends.synthetic import SyntheticBackend  # noqa: E402
 from specrouter.cascade.chain import Chain  # noqa: E402
 from specrouter.cascade.sampling import SamplingParams, warp  # noqa: E402
 
-from .test_sampling_exactness import ALPHA, N_TOKENS, PROMPT, VOCAB, empirical_counts, goodness_of_fit  # noqa: E402
-from .tiny_torch import full_forward_logits, tiny_backend  # noqa: E402
+from ..cascade.test_sampling_exactness import ALPHA, N_TOKENS, PROMPT, VOCAB, empirical_counts, goodness_of_fit  # noqa: E402
+from ..tiny_torch import full_forward_logits, tiny_backend  # noqa: E402
 
 pytestmark = pytest.mark.slow
 #: Generations per configuration; scripts/gpu_check.sh lowers it to fit its time budget.

@@ -10,14 +10,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from specrouter.backends.ngram import NgramDrafter  # noqa: E402
+from specrouter.drafters.ngram import NgramDrafter  # noqa: E402
 from specrouter.cascade.chain import Chain  # noqa: E402
 from specrouter.cascade.sampling import SamplingParams  # noqa: E402
 from specrouter.engine import generate  # noqa: E402
 from specrouter.engine.batch import BatchScheduler, Finished, SeqRequest  # noqa: E402
 from specrouter.errors import BackendError  # noqa: E402
 
-from .tiny_torch import full_forward_logits, tiny_backend  # noqa: E402
+from ..tiny_torch import full_forward_logits, tiny_backend  # noqa: E402
 
 ATOL = 1e-4
 

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from specrouter.backends.ngram import NgramDrafter  # noqa: E402
+from specrouter.drafters.ngram import NgramDrafter  # noqa: E402
 from specrouter.backends.synthetic import SyntheticBackend  # noqa: E402
 from specrouter.backends.torch import TorchBackend, check_device, check_dtype_runs, dtype_name  # noqa: E402
 from specrouter.cascade.chain import Chain, CycleRunner  # noqa: E402
@@ -24,7 +24,7 @@ from specrouter.engine import generate  # noqa: E402
 from specrouter.errors import BackendError, InvalidParameterError, ModelFileError  # noqa: E402
 from specrouter.state import SequenceState  # noqa: E402
 
-from .tiny_torch import DEVICE, full_forward_logits, tiny_backend, tiny_model, tiny_tokenizer  # noqa: E402
+from ..tiny_torch import DEVICE, full_forward_logits, tiny_backend, tiny_model, tiny_tokenizer  # noqa: E402
 
 ATOL = 1e-4
 VOCAB = 6

@@ -11,7 +11,7 @@ import random
 
 import httpx
 
-from .server_synth import MODEL, build_service, leaked_kv, reference_text, running_server, wait_until
+from ..server_synth import MODEL, build_service, leaked_kv, reference_text, running_server, wait_until
 
 CLIENTS, REQUESTS_EACH = 32, 2
 SPECULATIONS = [None, "auto", "off", {"chain": ["small", "mid", MODEL], "draft_lengths": [2, 2]},

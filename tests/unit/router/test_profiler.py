@@ -7,18 +7,16 @@ import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.errors import InvalidParameterError
+from specrouter.router.costs import CostProfile, OnlineCosts, interpolate
 from specrouter.router.profiler import (
     PROFILE_NS,
-    CostProfile,
-    OnlineCosts,
-    interpolate,
     load_or_profile,
     profile_batches,
     profile_model,
     read_profile,
 )
 
-from .router_synth import linear
+from ..router_synth import linear
 
 
 def model(tmp_path, name="m"):
@@ -132,13 +130,14 @@ GPU_PROFILE = {"device": {"name": "NVIDIA H200", "dtype": "bfloat16"}, "ngram_se
 
 
 def test_a_saved_profile_is_read_back_as_written(tmp_path):
-    measured = CostProfile({"a": {1: 0.01, 4: 0.02}}, 3e-5, {"a": {2: {1: 0.015}}})
+    measured = CostProfile({"a": {1: 0.01, 4: 0.02}}, {"ngram": 3e-5}, {"a": {2: {1: 0.015}}})
     (tmp_path / "p.json").write_text(json.dumps(measured.as_dict()))  # what `profile --json` writes
     again = read_profile(tmp_path / "p.json")
-    assert (again.tables, again.batch_tables, again.ngram_seconds) == (measured.tables, measured.batch_tables, 3e-5)
-    (tmp_path / "gpu.json").write_text(json.dumps(GPU_PROFILE))
+    assert (again.tables, again.batch_tables, again.lookup_seconds) == (measured.tables, measured.batch_tables, {"ngram": 3e-5})
+    (tmp_path / "gpu.json").write_text(json.dumps(GPU_PROFILE))  # the format before lookups were named: still read
     gpu = read_profile(tmp_path / "gpu.json")
     assert gpu.seconds("m", 16) == 0.005 and gpu.seconds("m", 6) == pytest.approx(0.00435)
+    assert gpu.lookup_seconds == {"ngram": 2e-5}
 
 
 @pytest.mark.parametrize(("content", "problem"), [
@@ -177,7 +176,7 @@ def test_the_gpu_check_profile_script_writes_what_the_router_reads(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "torch_profile.py"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "torch_profile.py"
     spec = importlib.util.spec_from_file_location("torch_profile", script)
     torch_profile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(torch_profile)

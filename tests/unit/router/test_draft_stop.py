@@ -11,7 +11,7 @@ from specrouter.router.draft_stop import CENTERS, PRIOR_COUNT, ConfidenceStop, c
 from specrouter.router.predictor import closed_form_two_level
 from specrouter.router.scheduler import DRAFT_GRID
 
-from .router_synth import PROMPT, ScriptedRouter, linear, make_router
+from ..router_synth import PROMPT, ScriptedRouter, linear, make_router
 
 GREEDY = SamplingParams()
 KEY = ("greedy", "d", "t")

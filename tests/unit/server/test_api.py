@@ -5,7 +5,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .server_synth import MODEL, build_service, leaked_kv, reference_text, running_server, wait_until
+from ..server_synth import MODEL, build_service, leaked_kv, reference_text, running_server, wait_until
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "write letters"}]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specrouter.backends.ngram import NgramDrafter
+from specrouter.drafters.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -15,7 +15,7 @@ from specrouter.engine import generate
 from specrouter.engine.batch import BatchScheduler, Delta, Failed, Finished, SeqRequest
 from specrouter.errors import BackendError, InvalidParameterError
 
-from .router_synth import family, make_router
+from ..router_synth import family, make_router
 
 VOCAB = 16
 EOS = 15
@@ -212,7 +212,7 @@ def test_router_sessions_in_a_batch_match_their_output_alone():
 def test_batched_sampling_follows_target_distribution(name):
     """The chi-square test of test_sampling_exactness.py, every generation a request of a
     batch of 16 (each request has its own seed, as a server gives it)."""
-    from .test_sampling_exactness import ALPHA, N_TOKENS, PROMPT, chains as exact_chains, exact_distribution, goodness_of_fit
+    from ..cascade.test_sampling_exactness import ALPHA, N_TOKENS, PROMPT, chains as exact_chains, exact_distribution, goodness_of_fit
 
     runs = 30_000
     chain = exact_chains()[name]
@@ -235,7 +235,7 @@ def test_router_speculates_less_as_the_batch_grows():
     """A CPU-like target (every verified token costs): alone, the router drafts 3 or more
     tokens a cycle; 8 sequences at once make each verification 8 times wider, and it drafts
     at most one token, or none."""
-    from .router_synth import linear, simulated_clock
+    from ..router_synth import linear, simulated_clock
 
     def mean_draft_and_alone_share(batch: int) -> tuple[float, float]:
         target = SyntheticBackend("target", vocab=VOCAB, latency=linear(0.020, 0.004), params_b=7.0)
@@ -269,7 +269,7 @@ def test_deltas_count_every_committed_token_once():
 
 
 def test_stalling_draft_is_dropped_after_its_slow_call():
-    from .router_synth import simulated_clock
+    from ..router_synth import simulated_clock
 
     target, mid, _ = models()
     small = SyntheticBackend("small", vocab=VOCAB, model_seed=3, noise=1.2, eos_id=EOS, latency=lambda n: 5.0)

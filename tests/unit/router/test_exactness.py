@@ -9,13 +9,13 @@ by a rule of the history (any such adapted choice must keep the output exact).
 import numpy as np
 import pytest
 
-from specrouter.backends.ngram import NgramDrafter
+from specrouter.drafters.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
 
-from .router_synth import ScriptedRouter, linear, make_router
+from ..router_synth import ScriptedRouter, linear, make_router
 
 GREEDY = SamplingParams()
 
@@ -78,7 +78,7 @@ def test_observing_a_cycle_changes_nothing_it_computes():
 
 @pytest.mark.slow
 def test_sampling_distribution_with_a_chain_switch_every_cycle():
-    from .test_sampling_exactness import PROMPT, RUNS, exact_distribution, goodness_of_fit, make_models
+    from ..cascade.test_sampling_exactness import PROMPT, RUNS, exact_distribution, goodness_of_fit, make_models
 
     target, mid, small, tiny = make_models()
     ngram = NgramDrafter(max_ngram=2)

@@ -1,0 +1,14 @@
+"""Proposers: what drafts at level 0 of a chain (the protocol: cascade/proposer.py).
+
+`MODEL_FREE` names the model-free drafters a chain or pool may use by name; each is
+built fresh per chain (they keep no state between requests).
+"""
+
+from __future__ import annotations
+
+from specrouter.drafters.model import ModelDrafter
+from specrouter.drafters.ngram import NGRAM_NAME, NgramDrafter
+
+MODEL_FREE: dict[str, type[NgramDrafter]] = {NGRAM_NAME: NgramDrafter}
+
+__all__ = ["MODEL_FREE", "ModelDrafter", "NgramDrafter"]

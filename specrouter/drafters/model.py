@@ -1,0 +1,41 @@
+"""A model as level 0: drafts autoregressively, one forward per token (a Proposer)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+
+import numpy as np
+
+from specrouter.backends.base import Backend
+from specrouter.cascade.proposer import Draft, Drafting, LengthPolicy
+
+
+class ModelDrafter:
+    """A Backend drafting autoregressively, one forward per token. With no length policy
+    it drafts the length it is asked for (no confidences computed)."""
+
+    def __init__(self, backend: Backend, policy: LengthPolicy | None = None) -> None:
+        self.backend, self.policy = backend, policy
+        self.name = backend.name
+
+    def draft(self, context: list[int], n: int, drafting: Drafting) -> Generator[object, np.ndarray, Draft]:
+        policy = self.policy
+        tokens: list[int] = []
+        dists: list = []
+        confidences: list[float] = []
+        for _ in range(n):
+            row = yield from drafting.row(context + tokens)
+            token, dist, conf = drafting.pick(row, policy is not None)
+            tokens.append(token)
+            dists.append(dist)
+            if policy is not None:
+                confidences.append(conf)
+            if token in drafting.eos_ids:
+                break
+            if policy is not None and len(tokens) < n and not policy.more(confidences):
+                return Draft(tokens, dists, confidences=tuple(confidences), stopped=True)
+        return Draft(tokens, dists, confidences=tuple(confidences))
+
+    def feedback(self, draft: Draft, n_accepted: int) -> None:
+        if self.policy is not None and draft.confidences:
+            self.policy.learn(draft.confidences, n_accepted)

@@ -1,0 +1,170 @@
+"""The runtime cost model: seconds of one forward over n tokens, per model.
+
+CostProfile holds what was measured (specrouter.router.profiler measures it and keeps
+its disk cache): a table per model of {n tokens: seconds}, interpolated linearly in n
+between the measured sizes and extrapolated from the last two beyond them (catch-up
+runs past 32 tokens); batched calls have a table over B as well. OnlineCosts corrects
+it from the timings of real cycles (see there): what the router predicts with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specrouter.drafters import MODEL_FREE
+
+
+def default_lookup_seconds() -> dict[str, float]:
+    """Each model-free drafter's own estimate of one lookup (refined online)."""
+    return {name: drafter.LOOKUP_SECONDS for name, drafter in MODEL_FREE.items()}
+
+
+def interpolate(table: dict[int, float], n: float) -> float:
+    """Linear in n between measured sizes; linear extrapolation beyond them."""
+    ns = sorted(table)
+    if not ns:
+        raise ValueError("empty cost table")
+    if len(ns) == 1:
+        return table[ns[0]] * n / ns[0]
+    if n <= ns[0]:
+        lo, hi = ns[0], ns[1]
+    elif n >= ns[-1]:
+        lo, hi = ns[-2], ns[-1]
+    else:
+        hi = next(x for x in ns if x >= n)
+        lo = max(x for x in ns if x <= n)
+        if lo == hi:
+            return table[lo]
+    slope = (table[hi] - table[lo]) / (hi - lo)
+    return max(table[lo] + slope * (n - lo), 1e-9)
+
+
+@dataclass
+class CostProfile:
+    """Seconds per forward, model name -> {n tokens: seconds}; seconds per lookup of each
+    model-free drafter (whatever n); and per model, batched calls: {B sequences: {n tokens
+    each: seconds of the call}}."""
+
+    tables: dict[str, dict[int, float]] = field(default_factory=dict)
+    lookup_seconds: dict[str, float] = field(default_factory=default_lookup_seconds)
+    batch_tables: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
+    #: Models whose batched call is a loop over the sequences: it costs B single calls.
+    looped: set[str] = field(default_factory=set)
+
+    def seconds(self, name: str, n: float, batch: float = 1) -> float:
+        """One call of `batch` sequences with n tokens each (n tokens of one sequence at batch 1)."""
+        if name in self.lookup_seconds:
+            return self.lookup_seconds[name]
+        if batch == 1:
+            return interpolate(self.tables[name], n)
+        if name in self.looped:
+            return batch * interpolate(self.tables[name], n)
+        batched = self.batch_tables.get(name)
+        if not batched:  # not profiled in batches: a call costs about what its tokens cost together
+            return interpolate(self.tables[name], n * batch)
+        per_batch = {1: interpolate(self.tables[name], n)}
+        per_batch.update({b: interpolate(t, n) for b, t in batched.items()})
+        return interpolate(per_batch, batch)
+
+    def as_dict(self) -> dict:
+        return {"lookup_seconds": dict(self.lookup_seconds),
+                "models": {m: {str(n): s for n, s in sorted(t.items())} for m, t in self.tables.items()},
+                "batched": {m: {str(b): {str(n): s for n, s in sorted(t.items())} for b, t in sorted(bt.items())}
+                            for m, bt in self.batch_tables.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostProfile:
+        tables = {m: {int(n): float(s) for n, s in t.items()} for m, t in data["models"].items()}
+        batched = {m: {int(b): {int(n): float(s) for n, s in t.items()} for b, t in bt.items()}
+                   for m, bt in data.get("batched", {}).items()}
+        lookups = default_lookup_seconds()
+        if "ngram_seconds" in data:  # files written before lookups were named per drafter
+            lookups["ngram"] = float(data["ngram_seconds"])
+        lookups.update({k: float(v) for k, v in data.get("lookup_seconds", {}).items()})
+        return cls(tables, lookups, batched)
+
+
+class OnlineCosts:
+    """The profile, corrected by observed forwards: seconds(m, n) = profile_m(n) * level_m * shape_m(n).
+
+    level_m, an EMA of observed/profiled time over every forward of m, follows a model
+    that slows down or speeds up as a whole (another process on the cores, a longer
+    context) at every n after a few forwards at any n; shape_m(n), a slower EMA per
+    (model, n), corrects the profile's curve where cycles show it is off.
+    """
+
+    ALPHA = 0.3  # a few observations move the level; one outlier does not
+    SHAPE_ALPHA = 0.1
+    ROW_ALPHA = 0.1
+
+    def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0) -> None:
+        self.profile = profile
+        self._level: dict[str, float] = {}
+        self._shape: dict[tuple[str, int], float] = {}
+        self.overhead_per_forward = overhead_per_forward  # Python work around each forward (feeding, bookkeeping)
+        #: Python work per logits row (warp, sample, verify), per kind of sampling (row_kind):
+        #: ~0.02 ms greedy, ~0.5 ms at a temperature, ~1 ms with top-p, on a 150k vocabulary.
+        self._row: dict[str, float] = {}
+
+    def _shape_at(self, name: str, n: float) -> float:
+        lo = int(n)
+        frac = n - lo
+        s_lo = self._shape.get((name, lo), 1.0)
+        return s_lo if frac < 1e-9 else (1 - frac) * s_lo + frac * self._shape.get((name, lo + 1), 1.0)
+
+    def seconds(self, name: str, n: float, batch: float = 1) -> float:
+        """One call of `batch` sequences with n tokens each (see CostProfile.seconds)."""
+        if name in self.profile.lookup_seconds:
+            return self.profile.lookup_seconds[name] * self._level.get(name, 1.0)
+        base = self.profile.seconds(name, n, batch)
+        return base * self._level.get(name, 1.0) * self._shape_at(name, n) + self.overhead_per_forward
+
+    def observe(self, name: str, n: int, seconds: float, batch: int = 1) -> None:
+        """A call of `batch` sequences feeding n tokens in all took `seconds`."""
+        lookup = name in self.profile.lookup_seconds
+        if name not in self.profile.tables and not lookup:
+            return
+        if batch > 1:  # the level follows every call; shapes stay a single-sequence correction
+            base = self.profile.seconds(name, max(n / batch, 1), batch)
+            level = self._level.get(name, 1.0)
+            self._level[name] = level + self.ALPHA * (seconds / base - level)
+            return
+        base = self.profile.seconds(name, max(n, 1))
+        r = seconds / base if base > 0 else 1.0
+        shape = 1.0 if lookup else self._shape.get((name, n), 1.0)
+        level = self._level.get(name, 1.0)
+        self._level[name] = level = level + self.ALPHA * (r / shape - level)
+        if not lookup:
+            self._shape[(name, n)] = shape + self.SHAPE_ALPHA * (r / level - shape)
+            # Shapes average 1 over the sizes seen: a common factor belongs to the level
+            # (it then applies at every n), only the relative curve stays in the shapes.
+            keys = [k for k in self._shape if k[0] == name]
+            mean = sum(self._shape[k] for k in keys) / len(keys)
+            for k in keys:
+                self._shape[k] /= mean
+            self._level[name] *= mean
+
+    def snapshot(self) -> dict:
+        """The numbers predictions depend on; the router re-plans when they move enough."""
+        return {**self._level, **{f"{m}@{n}": v for (m, n), v in self._shape.items()},
+                "overhead": self.overhead_per_forward}
+
+    def set_overhead(self, seconds: float) -> None:
+        self.overhead_per_forward = seconds
+
+    def row_seconds(self, kind: str) -> float:
+        return self._row.get(kind, 0.0)
+
+    def observe_rows(self, kind: str, rows: int, seconds: float) -> None:
+        """The Python work on `rows` logits rows took `seconds` (an EMA per row, from the first)."""
+        if rows > 0:
+            per_row = seconds / rows
+            old = self._row.get(kind)
+            self._row[kind] = per_row if old is None else old + self.ROW_ALPHA * (per_row - old)
+
+
+def row_kind(params) -> str:
+    """What a logits row's Python work depends on: greedy (an argmax), or the warp's filters."""
+    if params.greedy:
+        return "greedy"
+    return "sampled" + "+top_k" * bool(params.top_k) + "+top_p" * (params.top_p < 1.0)
