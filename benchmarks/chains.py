@@ -117,15 +117,18 @@ def run_order(methods: list[str], turn: int) -> list[str]:
     return [BASELINE, *others[shift:], *others[:shift], BASELINE]
 
 
-def compare(methods: dict[str, Runner], prompts: list, pool: Pool, max_tokens: int) -> list[dict]:
-    """Every method on every prompt and mode, interleaved (see run_order); one record per run."""
+def compare(methods: dict[str, Runner], prompts: list, pool: Pool, max_tokens: int,
+            modes: dict[str, Callable[[int], SamplingParams]] = MODES,
+            prefilled: tuple[str, ...] = (SMALL, TARGET)) -> list[dict]:
+    """Every method on every prompt and mode, interleaved (see run_order); one record per run.
+    The models in `prefilled` have their prefill of each prompt timed (the predictor's error
+    table subtracts it: it models decoding only)."""
     runs = []
     turn = 0
-    with tqdm(total=len(prompts) * len(MODES) * (len(methods) + 1), desc="main", unit="run") as bar:
+    with tqdm(total=len(prompts) * len(modes) * (len(methods) + 1), desc="main", unit="run") as bar:
         for seed, (dataset, pid, tokens) in enumerate(prompts, 1):
-            # The predictor models decoding only: each model's prefill of this prompt is subtracted.
-            prefill = {name: prefill_seconds(pool.level(name), tokens) for name in (SMALL, TARGET)}
-            for mode, make_params in MODES.items():
+            prefill = {name: prefill_seconds(pool.level(name), tokens) for name in prefilled}
+            for mode, make_params in modes.items():
                 params = make_params(seed)
                 reference = None
                 for position, method in enumerate(run_order(list(methods), turn)):

@@ -21,9 +21,9 @@ class CountingNgram(NgramDrafter):
         super().__init__()
         self.requested = 0
 
-    def lookup(self, context: Sequence[int], n: int) -> tuple[list[int], int]:
+    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> tuple[list[int], int]:
         self.requested += n
-        return super().lookup(context, n)
+        return super().lookup(context, n, committed)
 
 
 def fixed_chain(pool: Pool, names: Sequence[str], lengths: Sequence[int]) -> Chain:

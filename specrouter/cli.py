@@ -74,6 +74,9 @@ _profile_option = click.option(
 @click.option("--target", "--model", "target",
               help="With --chain auto: the target model, a pool name or a .gguf path (default: the largest pulled pool model).")
 @click.option("--explain", is_flag=True, help="With --chain auto: print the router's decisions to stderr.")
+@click.option("--lookup", type=click.Choice(list(MODEL_FREE)), default=None,
+              help="With --chain auto: the model-free drafter routed beside the models (default ngram; "
+                   "suffix: the longest earlier match of the context, no length cap, long copies in one block).")
 @click.option("--draft-lengths", help="Comma-separated tokens each non-target level proposes per block (default 4 each).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
@@ -86,7 +89,7 @@ _profile_option = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @_profile_option
 @_cache_option
-def generate(prompt, chat, chain, target, explain, draft_lengths, temperature, top_k, top_p, seed, max_tokens, stop,
+def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temperature, top_k, top_p, seed, max_tokens, stop,
              n_ctx, threads, as_json, profile_file, cache_dir) -> None:
     """Generate text with a chain of models."""
     if (prompt is None) == (chat is None):
@@ -98,14 +101,14 @@ def generate(prompt, chat, chain, target, explain, draft_lengths, temperature, t
     lengths = tuple(parse_draft_lengths(draft_lengths, 0)) if draft_lengths else ()
     spec = Speculation(draft_lengths=lengths) if specs == [AUTO] else Speculation.fixed(specs, lengths)
     auto = spec.mode == "auto"
-    if not auto and (target or explain or profile_file):
-        raise InvalidParameterError("--target, --explain and --profile work with --chain auto; "
+    if not auto and (target or explain or profile_file or lookup):
+        raise InvalidParameterError("--target, --explain, --lookup and --profile work with --chain auto; "
                                     "an explicit chain ends at its target")
     pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1)
     router = None
     try:
         if auto:
-            router = _auto_router(pool, target, cache_dir, profile_file)
+            router = _auto_router(pool, target, cache_dir, profile_file, lookup or "ngram")
             built, model = router, router.target
         else:
             built = pool.chain(list(spec.chain), list(spec.draft_lengths) or None)
@@ -140,10 +143,10 @@ def _pulled_pool(cache_dir) -> list[str]:
     return sorted((n for n in DEFAULT_POOL if is_pulled(n, cache_dir)), key=lambda n: DEFAULT_POOL[n].params_b)
 
 
-def _auto_router(pool: Pool, target_spec: str | None, cache_dir, profile_file: Path | None):
+def _auto_router(pool: Pool, target_spec: str | None, cache_dir, profile_file: Path | None, lookup: str):
     from specrouter.router import auto_router
 
-    router = auto_router(pool, target_spec, _pulled_pool(cache_dir), profile_file=profile_file)
+    router = auto_router(pool, target_spec, _pulled_pool(cache_dir), profile_file=profile_file, lookup=lookup)
     if router.message:
         click.echo(f"note: {router.message}", err=True)
     return router

@@ -1,6 +1,7 @@
 """Turning chain specs into loaded, checked levels.
 
-A spec is a model-free drafter's name (specrouter.drafters.MODEL_FREE: `ngram`), a pool name (llama.cpp, GGUF), a pool name with a torch variant
+A spec is a model-free drafter's name (specrouter.drafters.MODEL_FREE: `ngram`, `suffix`),
+a pool name (llama.cpp, GGUF), a pool name with a torch variant
 (`qwen2.5-coder-1.5b:torch-fp32`, see specrouter.convert), a path to a .gguf file
 (llama.cpp) or a path to a transformers model folder (torch). Backends of every kind
 mix freely in one chain; only their tokenizers must agree.

@@ -195,7 +195,8 @@ class ForwardBackend(Backend):
     def _check_item(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> None:
         """BackendError / ValueError for a call that cannot be right, before anything runs."""
         if not 1 <= n_logits <= min(len(tokens), self.n_batch):
-            raise ValueError(f"n_logits={n_logits} must be in 1..min(len(tokens)={len(tokens)}, n_batch={self.n_batch})")
+            raise ValueError(f"n_logits={n_logits} must be in 1..min(len(tokens)={len(tokens)}, "
+                             f"n_batch={self.n_batch})")
         if pos + len(tokens) > self.n_ctx:
             raise BackendError(f"{self.name}: positions up to {pos + len(tokens)} exceed the context of {self.n_ctx}")
         bad = [int(t) for t in tokens if not 0 <= int(t) < self.n_vocab]

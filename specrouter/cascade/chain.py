@@ -76,11 +76,12 @@ class EvalRequest:
 
 def execute(calls: Sequence[tuple[SequenceState, EvalRequest]],
             clock: Callable[[], float] = time.perf_counter) -> list[np.ndarray]:
-    """Serve EvalRequests of ONE backend, one per sequence, in one decode_batch call: each sequence's cache is first made to hold what its request needs
-    (SequenceState.prepare), and told what was fed once the call returned. Every request
-    gets the call's fed tokens, seconds, batch size and whether another request shares
-    the report. The logits, one array per request. What the backend raises propagates
-    (the states then hold what they held, less what prepare rolled back)."""
+    """Serve EvalRequests of ONE backend, one per sequence, in one decode_batch call: each
+    sequence's cache is first made to hold what its request needs (SequenceState.prepare),
+    and is told what was fed once the call returned. Every request gets the call's fed
+    tokens, seconds, batch size and whether another request shares the report. Returns the
+    logits, one array per request. What the backend raises propagates (the states then
+    hold what they held, less what prepare rolled back)."""
     backend = calls[0][1].backend
     items = [state.prepare(backend, r.tokens, r.n_logits) for state, r in calls]
     start = clock()
@@ -165,13 +166,15 @@ class Chain:
 
         check_chain([level.name for level in self.levels], self.draft_lengths)
         if not isinstance(self.levels[-1], Backend):
-            raise InvalidParameterError(f"the last level of a chain (the target) must be a model, not {self.levels[-1].name}")
+            raise InvalidParameterError(
+                f"the last level of a chain (the target) must be a model, not {self.levels[-1].name}")
         for level in self.levels[1:]:
             if not isinstance(level, Backend):
                 raise InvalidParameterError(f"{level.name} can only be the first (drafting) level of a chain")
         if not isinstance(self.levels[0], Backend | Proposer):
             raise InvalidParameterError(f"level 0 ({self.levels[0]!r}) is neither a model nor a proposer")
-        self.proposer = ModelDrafter(self.levels[0], self.draft_stop) if isinstance(self.levels[0], Backend) else self.levels[0]
+        level0 = self.levels[0]
+        self.proposer = ModelDrafter(level0, self.draft_stop) if isinstance(level0, Backend) else level0
         if not self.eos_ids:
             self.eos_ids = self.target.eos_ids
 
@@ -208,6 +211,7 @@ class CycleRunner:
         # Optional: only reports, never changes what is computed (exactness does not depend on it).
         self.observer = observer
         self.clock = clock  # a simulated clock in tests; wall time otherwise
+        self.committed = 0  # the current cycle's starting context (proposer.Drafting)
 
     def cycle(self, context: Sequence[int], max_new: int) -> list[int]:
         """New tokens the target emits after `context` (1 .. max_new of them)."""
@@ -224,6 +228,7 @@ class CycleRunner:
         """The same cycle as a generator: it yields every forward it needs and is sent the
         logits, so a batch scheduler can serve the requests of many sequences together.
         Returns (StopIteration.value) the new tokens."""
+        self.committed = len(context)
         top = len(self.chain.levels) - 1
         if top == 0:
             return (yield from self._block(0, list(context), 0))[0]

@@ -47,6 +47,9 @@ class Drafting(Protocol):
     """What the cascade lends a proposer for one draft."""
 
     eos_ids: frozenset[int]
+    #: How many leading tokens of any context of this cycle are committed (the cycle's
+    #: starting context): what follows them may still be rolled back.
+    committed: int
 
     def row(self, tokens: list[int]) -> Generator[object, np.ndarray, np.ndarray]:
         """Level 0's next-token logits after `tokens` (yields the cascade's EvalRequest)."""

@@ -6,9 +6,11 @@ built fresh per chain (they keep no state between requests).
 
 from __future__ import annotations
 
+from specrouter.drafters.lookup import LookupDrafter
 from specrouter.drafters.model import ModelDrafter
 from specrouter.drafters.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.drafters.suffix import SuffixDrafter
 
-MODEL_FREE: dict[str, type[NgramDrafter]] = {NGRAM_NAME: NgramDrafter}
+MODEL_FREE: dict[str, type[LookupDrafter]] = {NGRAM_NAME: NgramDrafter, SuffixDrafter.name: SuffixDrafter}
 
-__all__ = ["MODEL_FREE", "ModelDrafter", "NgramDrafter"]
+__all__ = ["MODEL_FREE", "LookupDrafter", "ModelDrafter", "NgramDrafter", "SuffixDrafter"]

@@ -5,18 +5,17 @@ treats its proposals as one-hot q (exact verification above it); a Proposer
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from specrouter.cascade.proposer import Draft, Drafting, cut_after_eos
+from specrouter.drafters.lookup import LookupDrafter
 
 NGRAM_NAME = "ngram"
 
 
-class NgramDrafter:
+class NgramDrafter(LookupDrafter):
     name = NGRAM_NAME
-    params_b = 0.0
     #: Seconds of one lookup before any is timed (~20 us measured on a few thousand tokens).
     LOOKUP_SECONDS = 2e-5
 
@@ -24,17 +23,7 @@ class NgramDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
-
-    def draft(self, context: list[int], n: int, drafting: Drafting) -> Generator[object, np.ndarray, Draft]:
-        """The Proposer method: lookup's tokens (cut after EOS) with its match length; no forward."""
-        start = drafting.clock()
-        tokens, match = self.lookup(context, n)
-        drafting.lookup_took(drafting.clock() - start)
-        return Draft(cut_after_eos(tokens, drafting.eos_ids), None, match)
-        yield  # a generator (the Proposer protocol) that yields no forward
-
-    def feedback(self, draft: Draft, n_accepted: int) -> None:
-        """Nothing to learn here: the router learns acceptance per match length (on_verify)."""
+        self.match_classes = tuple(range(1, max_ngram + 1))
 
     def propose(self, context: Sequence[int], n: int) -> list[int]:
         """Up to n tokens; empty when no suffix of the context occurred before.
@@ -43,8 +32,9 @@ class NgramDrafter:
         """
         return self.lookup(context, n)[0]
 
-    def lookup(self, context: Sequence[int], n: int) -> tuple[list[int], int]:
-        """propose()'s tokens and the length of the suffix match behind them (0: none). The
+    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> tuple[list[int], int]:
+        """propose()'s tokens and the length of the suffix match behind them (0: none); the
+        whole context is searched each time (nothing is indexed: `committed` is unused). The
         router estimates acceptance per match length: on HumanEval's canonical solutions a
         1-token match predicted the next token 23% of the time, a 4-token one 60%."""
         if n <= 0 or len(context) < 2:

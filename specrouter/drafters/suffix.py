@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specrouter.drafters.lookup import LookupDrafter
+
 #: Occurrences voted over: the latest ones (a 1-token match of a common token has hundreds).
 MAX_CANDIDATES = 32
 
@@ -176,7 +178,7 @@ def _at(context: Sequence[int], proposed: list[int], pos: int) -> int:
     return context[pos] if pos < len(context) else proposed[pos - len(context)]
 
 
-class SuffixDrafter:
+class SuffixDrafter(LookupDrafter):
     """A Proposer over the request's own tokens (prompt + committed output): proposes what
     followed the longest earlier occurrence of the context's suffix, as long as the
     occurrences support it. Its index grows with the committed tokens (Drafting.committed);
@@ -185,9 +187,12 @@ class SuffixDrafter:
     drafter shared by requests that alternate rebuilds its index at every switch)."""
 
     name = "suffix"
-    params_b = 0.0
     #: Seconds of one lookup before any is timed.
     LOOKUP_SECONDS = 5e-5
+    #: Match lengths 1, 2, 3, 4-7, 8-15, 16-31, 32 and more.
+    match_classes = (1, 2, 3, 4, 8, 16, 32)
+    #: A copied stretch is proposed as one block, not a few tokens at a time.
+    longest = 64
 
     def __init__(self) -> None:
         self.index = SuffixIndex()
@@ -198,3 +203,5 @@ class SuffixDrafter:
         self.index.sync(context if committed is None else context[:committed])
         found = self.index.propose(context, n)
         return found.tokens, found.match
+
+

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from specrouter.drafters.ngram import NGRAM_NAME
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.predictor import ChainSpec, Prediction, predict
@@ -17,15 +18,17 @@ from specrouter.router.costs import CostProfile, OnlineCosts
 from specrouter.router.profiler import default_profile_dir, load_or_profile, profile_model, read_profile
 from specrouter.router.build import build_router
 from specrouter.router.scheduler import Decision, Router
+from specrouter.router.store import RouterStore
 
 __all__ = ["AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "OnlineCosts", "Prediction",
            "Router", "auto_router", "build_router", "load_or_profile", "predict", "profile_model", "read_profile"]
 
 
 def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir: Path | None = None,
-                progress: bool = True, profile_file: Path | None = None) -> Router:
+                progress: bool = True, profile_file: Path | None = None, lookup: str = NGRAM_NAME) -> Router:
     """The router `--chain auto` uses: `target` (default: the last, i.e. largest, of the
-    candidates) and every candidate that shares its tokenizer, plus the n-gram level.
+    candidates) and every candidate that shares its tokenizer, plus the model-free level
+    `lookup` (a name in specrouter.drafters.MODEL_FREE).
     Costs come from `profile_file` for the models it names (a saved or GPU profile), else
     from the cached profile (measured now where missing or stale); acceptance estimates
     from earlier runs are loaded (and saved back by Router.save_estimates)."""
@@ -38,8 +41,10 @@ def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir
     others = [pool.model(n) for n in candidates if n != target]
     directory = Path(profile_dir) if profile_dir is not None else default_profile_dir()
     acceptance = AcceptanceEstimator()
-    acceptance.load(directory / "acceptance.json")
+    store = RouterStore(directory)
+    acceptance.load(store.estimates_file)
     router = build_router(model, others, acceptance=acceptance, costs=lambda models: OnlineCosts(
-        load_or_profile(models, directory, progress=progress, given=given)))
-    router.estimates_file = directory / "acceptance.json"
+        load_or_profile(models, directory, progress=progress, given=given)), lookup=lookup)
+    store.profiled = [m for m in router.models if given is None or m.name not in given.tables]
+    router.store = store
     return router

@@ -67,7 +67,6 @@ bounded probes, whose measured extra cost is capped at a fraction of generation 
 
 from __future__ import annotations
 
-import copy
 
 import json
 import math
@@ -190,12 +189,12 @@ class AcceptanceEstimator:
         self._observed: set[tuple[str, str]] = set()  # request pairs observed since the last advance
 
     def view(self) -> AcceptanceEstimator:
-        """An estimator for one of several concurrent requests: its own per-request estimates
-        and mode, the same global estimates (so every request teaches every other)."""
-        twin = copy.copy(self)
-        twin.request = {}
-        twin.position = 0.0
-        twin._observed = set()
+        """An estimator for one of several concurrent requests, built afresh: its own
+        per-request estimates, mode and position; the same global estimates and the same fill
+        table (how much of what is asked a proposer gives: a property of the pair, learned
+        across requests, never reset per request), so every request teaches every other."""
+        twin = AcceptanceEstimator(self.default, self.shrink)
+        twin.global_, twin.fill_ = self.global_, self.fill_
         return twin
 
     def start_request(self, greedy: bool) -> None:

@@ -9,7 +9,10 @@ it from the timings of real cycles (see there): what the router predicts with.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from specrouter.drafters import MODEL_FREE
 
@@ -96,11 +99,19 @@ class OnlineCosts:
     ALPHA = 0.3  # a few observations move the level; one outlier does not
     SHAPE_ALPHA = 0.1
     ROW_ALPHA = 0.1
+    #: A profile off by more than this factor from the timed forwards (after MIN_OBSERVED of
+    #: them) disagrees with this machine: measured while other work ran, or on another one.
+    DISAGREE = 1.5
+    MIN_OBSERVED = 8
+    SAMPLES = 64
 
     def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0) -> None:
         self.profile = profile
         self._level: dict[str, float] = {}
         self._shape: dict[tuple[str, int], float] = {}
+        self._observed: dict[str, int] = {}  # forwards timed, per model
+        #: The latest single-sequence forwards, (n tokens, seconds), per model: refined_table's data.
+        self._samples: dict[str, deque[tuple[int, float]]] = {}
         self.overhead_per_forward = overhead_per_forward  # Python work around each forward (feeding, bookkeeping)
         #: Python work per logits row (warp, sample, verify), per kind of sampling (row_kind):
         #: ~0.02 ms greedy, ~0.5 ms at a temperature, ~1 ms with top-p, on a 150k vocabulary.
@@ -124,6 +135,7 @@ class OnlineCosts:
         lookup = name in self.profile.lookup_seconds
         if name not in self.profile.tables and not lookup:
             return
+        self._observed[name] = self._observed.get(name, 0) + 1
         if batch > 1:  # the level follows every call; shapes stay a single-sequence correction
             base = self.profile.seconds(name, max(n / batch, 1), batch)
             level = self._level.get(name, 1.0)
@@ -131,6 +143,8 @@ class OnlineCosts:
             return
         base = self.profile.seconds(name, max(n, 1))
         r = seconds / base if base > 0 else 1.0
+        if not lookup:
+            self._samples.setdefault(name, deque(maxlen=self.SAMPLES)).append((max(n, 1), seconds))
         shape = 1.0 if lookup else self._shape.get((name, n), 1.0)
         level = self._level.get(name, 1.0)
         self._level[name] = level = level + self.ALPHA * (r / shape - level)
@@ -143,6 +157,28 @@ class OnlineCosts:
             for k in keys:
                 self._shape[k] /= mean
             self._level[name] *= mean
+
+    def disagreeing(self) -> dict[str, float]:
+        """Models whose timed forwards (MIN_OBSERVED or more) run at more than DISAGREE times,
+        or less than 1 / DISAGREE times, what the profile says: model -> that factor (the
+        level). Their refined tables (refined_table) describe this machine better."""
+        return {m: level for m, level in self._level.items()
+                if m in self.profile.tables and self._observed.get(m, 0) >= self.MIN_OBSERVED
+                and not 1 / self.DISAGREE <= level <= self.DISAGREE}
+
+    def refined_table(self, name: str) -> dict[int, float]:
+        """The model's profiled sizes at what its latest timed forwards say: a line a + b n
+        fitted to them by least squares where they cover two sizes or more (a forward's cost
+        on a CPU is close to linear in n; a profile that disagrees has the wrong shape too,
+        so its curve is not kept), else the profile scaled by their median ratio to it."""
+        samples = self._samples.get(name, ())
+        ns = sorted(self.profile.tables[name])
+        if len({n for n, _ in samples}) >= 2:
+            b, a = np.polyfit([n for n, _ in samples], [s for _, s in samples], 1)
+            if b >= 0 and a + b > 0:
+                return {n: a + b * n for n in ns}
+        ratios = [s / self.profile.seconds(name, n) for n, s in samples] or [self._level.get(name, 1.0)]
+        return {n: self.profile.seconds(name, n) * float(np.median(ratios)) for n in ns}
 
     def snapshot(self) -> dict:
         """The numbers predictions depend on; the router re-plans when they move enough."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -130,6 +131,8 @@ class Plan:
     rescore: set[str]
     #: The model-free level (None: the router runs none).
     lookup: str | None = None
+    #: Its draft lengths when it drafts at the bottom of a chain (empty: the grid's).
+    lookup_grid: tuple[int, ...] = ()
     memo: dict = field(default_factory=dict)  # the predictor's, per (table, class)
     predictions: dict = field(default_factory=dict)  # per (table, class, spec, room)
 
@@ -164,22 +167,22 @@ class Plan:
         if depth == 0:
             spec = ChainSpec(names)
             return Scored(spec, self.predict(spec, kind, room, cls))
-        grid = self.grid
+        grids = self.grids(names)
         if room is not None:  # the target never takes more than room - 1 proposals
-            grid = tuple(k for k in grid if k < max(room, 2)) or (1,)
+            grids = [tuple(k for k in grid if k < max(room, 2)) or (1,) for grid in grids]
         if start is not None:  # near the end the room cuts the grid: start from the longest left
-            start = tuple(max((g for g in grid if g <= k), default=grid[0]) for k in start)
-            return self._local_search(names, kind, grid, start, cls)
-        if len(grid) ** depth <= MAX_EXHAUSTIVE:
-            options = [ChainSpec(names, ks) for ks in itertools.product(grid, repeat=depth)]
+            start = tuple(max((g for g in grid if g <= k), default=grid[0]) for k, grid in zip(start, grids))
+            return self._local_search(names, kind, grids, start, cls)
+        if math.prod(len(grid) for grid in grids) <= MAX_EXHAUSTIVE:
+            options = [ChainSpec(names, ks) for ks in itertools.product(*grids)]
             best = min(options, key=lambda s: self.predict(s, kind, room, cls).seconds_per_token)
             return Scored(best, self.predict(best, kind, room, cls))
-        ks = [grid[len(grid) // 2]] * depth  # coordinate descent from the middle of the grid
+        ks = [grid[len(grid) // 2] for grid in grids]  # coordinate descent from the middle of the grids
         best_val = self.predict(ChainSpec(names, tuple(ks)), kind, room, cls).seconds_per_token
         for _ in range(4):
             improved = False
             for level in range(depth):
-                for k in grid:
+                for k in grids[level]:
                     trial = ks.copy()
                     trial[level] = k
                     val = self.predict(ChainSpec(names, tuple(trial)), kind, room, cls).seconds_per_token
@@ -190,8 +193,14 @@ class Plan:
         spec = ChainSpec(names, tuple(ks))
         return Scored(spec, self.predict(spec, kind, room, cls))
 
-    def _local_search(self, names: tuple[str, ...], kind: Rates, grid: Sequence[int], start: tuple[int, ...],
-                      cls: str | None) -> Scored:
+    def grids(self, names: tuple[str, ...]) -> list[tuple[int, ...]]:
+        """The draft lengths searched per non-target level: the model-free level at the
+        bottom has its own (longer: a copied stretch is one block), every other the grid."""
+        return [self.lookup_grid if i == 0 and names[0] == self.lookup and self.lookup_grid else self.grid
+                for i in range(len(names) - 1)]
+
+    def _local_search(self, names: tuple[str, ...], kind: Rates, grids: Sequence[Sequence[int]],
+                      start: tuple[int, ...], cls: str | None) -> Scored:
         """Grid neighbours (one step down or up per level) of the last best lengths until none
         improves."""
         room = self.window
@@ -204,6 +213,7 @@ class Plan:
         while improved:
             improved = False
             for level in range(len(ks)):
+                grid = grids[level]
                 i = grid.index(ks[level])
                 for j in (i - 1, i + 1):
                     if 0 <= j < len(grid):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.plan import Pair, Plan, PlanInputs, Rates, Scored, level_key
@@ -40,6 +40,7 @@ CONFIDENT = 48  # positions after which a pair is no longer probed
 FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
 COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
 PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 tolerances at once
+HORIZON = 256  # tokens over which a catch-up cost is amortised at most
 
 Plans = dict[tuple[str, ...], Scored]
 
@@ -48,9 +49,14 @@ class Planner:
     """Best and optimistic plans per candidate chain for one request."""
 
     def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str, grid: Sequence[int],
-                 drafts: Sequence[str], lookup: str | None = None, match_keys: Sequence[str] = ()) -> None:
-        """lookup: the model-free level (None: none), whose estimates go by match_keys."""
+                 drafts: Sequence[str], lookup: str | None = None, match_keys: Sequence[str] = (),
+                 lookup_grid: Sequence[int] = ()) -> None:
+        """lookup: the model-free level (None: none), whose estimates go by match_keys and
+        whose draft lengths are searched over lookup_grid (empty: the grid)."""
         self.acceptance, self.costs, self.target, self.grid = acceptance, costs, target, tuple(grid)
+        self.lookup_grid = tuple(lookup_grid)
+        #: The longest draft any level may be asked for.
+        self.longest = max(self.grid + self.lookup_grid)
         self.lookup = lookup
         self.ngram_keys = list(match_keys) if lookup else []
         self.chains: list[tuple[str, ...]] = []
@@ -128,7 +134,8 @@ class Planner:
         # batch).
         rescore = set() if full or math.isinf(base) else set(self.ngram_keys)
         cost = functools.lru_cache(maxsize=None)(functools.partial(self._batch_cost, batch=batch))
-        self.plan = Plan(inputs, cost, self.grid, room if room <= max(self.grid) else None, full, rescore, self.lookup)
+        self.plan = Plan(inputs, cost, self.grid, room if room <= self.longest else None, full, rescore, self.lookup,
+                         self.lookup_grid)
         self._previous_by_class = {**self._previous_by_class, **self._by_class}
         self._by_class = {}
         self._best, self._optimistic = self._plans([c for c in self.chains if self.lookup not in c], None,
@@ -149,7 +156,7 @@ class Planner:
                 stale.add((j, i))
             optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
         return PlanInputs(rates, optimistic, cautious, bold, stale, {(j, i): acc.fill(j, i) for j, i in pairs},
-                          self.costs.snapshot(), self.costs.row_seconds(row_kind), min(room, max(self.grid) + 1), batch)
+                          self.costs.snapshot(), self.costs.row_seconds(row_kind), min(room, self.longest + 1), batch)
 
     def _move(self, old: PlanInputs | None, new: PlanInputs) -> tuple[float, dict[str, float]]:
         """How far the inputs moved since they were planned with, in tolerances (>= 1: enough
@@ -224,6 +231,19 @@ class Planner:
             if any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in p.inputs.stale for j, i in pairs):
                 optimistic[names] = plan(names, Rates.OPTIMISTIC, previous[1])
         return best, optimistic
+
+    def score(self, s: Scored, position: int, room: int, cached: Mapping[str, int], batch: int) -> Scored:
+        """The plan `s` with its catch-up (the seconds its models need to feed what they missed
+        since they last ran: `cached` committed tokens each model holds, `position` the
+        context's length; the whole batch waits for it) amortised over the tokens to come."""
+        catch_up = 0.0
+        for name in s.spec.names[:-1]:  # the target is always caught up (it runs every cycle)
+            extra = position - cached.get(name, 0) - 1  # the predictor already counts 1-2 tokens
+            if name != self.lookup and extra > 0:
+                catch_up += self.costs.seconds(name, 1 + extra) - self.costs.seconds(name, 1)
+        catch_up *= batch
+        horizon = max(1, min(room, HORIZON))
+        return Scored(s.spec, s.prediction, catch_up, s.prediction.seconds_per_token + catch_up / horizon)
 
     def _batch_cost(self, name: str, n: float, batch: int) -> float:
         """What one forward of this sequence's n tokens costs the batch it runs in. The

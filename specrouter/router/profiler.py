@@ -20,6 +20,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
@@ -27,7 +28,7 @@ from tqdm import tqdm
 from specrouter.backends.base import Backend
 from specrouter.drafters import MODEL_FREE
 from specrouter.errors import BackendError, InvalidParameterError
-from specrouter.router.costs import CostProfile
+from specrouter.router.costs import CostProfile, OnlineCosts
 
 #: Timed sizes: dense where the cost curve bends (small n), sparse above.
 PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -50,6 +51,17 @@ def profile_model(
     bar: tqdm | None = None,
 ) -> dict[int, float]:
     """Median seconds of a forward over n tokens after a cached prefix, for each n."""
+    return {n: statistics.median(t) for n, t in time_forwards(backend, ns, repeats, clock, bar).items()}
+
+
+def time_forwards(
+    backend: Backend,
+    ns: Sequence[int] = PROFILE_NS,
+    repeats: int = PROFILE_REPEATS,
+    clock: Callable[[], float] = time.perf_counter,
+    bar: tqdm | None = None,
+) -> dict[int, list[float]]:
+    """Every timed forward over n tokens after a cached prefix (`repeats` per n)."""
     prefix = _prefix_tokens(backend, PREFIX_TOKENS)
     filler = _prefix_tokens(backend, max(ns))
     seq = backend.new_sequence()
@@ -69,9 +81,76 @@ def profile_model(
                 backend.remove(seq, len(prefix))
                 if bar is not None:
                     bar.update(1)
-        return {n: statistics.median(t) for n, t in times.items()}
+        return times
     finally:
         backend.free_sequence(seq)
+
+
+# Sanity of a profile ----------------------------------------------------------------
+#: A forward over more tokens never costs this much less than one over fewer.
+NON_PHYSICAL_DROP = 0.75
+#: Repeats of one size this far apart (max / min, the median over sizes) were timed on a
+#: machine whose speed moved while profiling.
+REPEAT_SPREAD = 1.5
+#: Share of the machine's cores that other processes may use while a profile is timed.
+BUSY_SHARE = 0.25
+#: Shortest timing or profiling span that says anything about the machine (CPU counters
+#: tick every 10 ms; a microsecond forward times the clock and Python).
+MIN_TIMED = 1e-3
+MIN_SPAN = 1.0
+
+
+def implausible(table: dict[int, float]) -> str | None:
+    """Why a cost curve cannot describe a forward (None: it can): a size costs far less than
+    a smaller one."""
+    ns = sorted(table)
+    for small, large in zip(ns, ns[1:]):
+        if table[large] < NON_PHYSICAL_DROP * table[small]:
+            return f"{large} tokens cost {table[large] * 1e3:.1f} ms, less than {small} ({table[small] * 1e3:.1f} ms)"
+    return None
+
+
+def unsteady(times: dict[int, list[float]]) -> str | None:
+    """Why repeated timings cannot be trusted (None: they can). Sizes timed under
+    MIN_TIMED seconds are left out: the clock and Python dominate them."""
+    spreads = [max(t) / min(t) for t in times.values() if len(t) > 1 and min(t) >= MIN_TIMED]
+    if spreads and statistics.median(spreads) > REPEAT_SPREAD:
+        return f"repeats of one size differ by {statistics.median(spreads):.2f}x (median over sizes)"
+    return None
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds at one moment: of the whole machine (None where /proc/stat is missing)
+    and of this process (all its threads, the model's included)."""
+
+    wall: float
+    machine: float | None
+    own: float
+
+
+def cpu_sample() -> CpuSample:
+    try:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        machine = (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    except (OSError, ValueError, IndexError):
+        machine = None
+    times = os.times()
+    return CpuSample(time.monotonic(), machine, times.user + times.system)
+
+
+def busy(start: CpuSample, end: CpuSample, cores: int | None = None) -> str | None:
+    """Why the machine was too busy between the two samples for timings taken then to
+    describe the model alone (None: it was not): other processes used more than BUSY_SHARE
+    of its cores (this process's own threads do not count). Spans under MIN_SPAN: no verdict."""
+    wall = end.wall - start.wall
+    if start.machine is None or end.machine is None or wall < MIN_SPAN:
+        return None
+    cores = cores or os.cpu_count() or 1
+    others = max(0.0, (end.machine - start.machine) - (end.own - start.own)) / (wall * cores)
+    if others > BUSY_SHARE:
+        return f"other processes used {others:.0%} of the {cores} cores while it was timed"
+    return None
 
 
 def profile_batches(
@@ -215,6 +294,10 @@ def _read_cached(file: Path, key: dict, nested: bool = False) -> dict | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         warnings.warn(f"profile cache {file} is corrupt ({exc.__class__.__name__}): re-profiling", stacklevel=3)
         return None
+    why = next(filter(None, map(implausible, table.values() if nested else [table])), None)
+    if why:
+        warnings.warn(f"profile cache {file} is not physical ({why}): re-profiling", stacklevel=3)
+        return None
     if data.get("key") != key:
         changed = sorted(k for k in key if data.get("key", {}).get(k) != key[k]) if isinstance(data.get("key"), dict) else ["key"]
         warnings.warn(f"profile cache {file} is stale ({', '.join(changed)} changed): re-profiling", stacklevel=3)
@@ -232,11 +315,19 @@ def load_or_profile(
     clock: Callable[[], float] = time.perf_counter,
     batches: Sequence[int] = PROFILE_BATCHES,
     given: CostProfile | None = None,
+    sample: Callable[[], CpuSample] | None = None,
 ) -> CostProfile:
     """Cached profiles where valid; the others are measured (one progress bar) and saved.
     Batched timings live in a file of their own (`<model>.batch.json`, same key).
-    `given` (see read_profile): the models it names take its costs and are not measured."""
+    `given` (see read_profile): the models it names take its costs and are not measured.
+
+    A measurement is used but not cached, with a warning, when it cannot be trusted: other
+    processes were busy while it was timed (busy(), from `sample`: by default the machine's
+    CPU counters when `clock` is the wall clock, nothing for a simulated one), its repeats
+    disagree (unsteady) or its curve is not physical (implausible). A cached curve that is
+    not physical is measured again."""
     directory = Path(directory) if directory is not None else default_profile_dir()
+    sample = sample or (cpu_sample if clock is time.perf_counter else _no_sample)
     profile = CostProfile()
     todo, todo_batch = [], []
     for backend in backends:
@@ -266,20 +357,56 @@ def load_or_profile(
         with tqdm(total=total, desc="profiling", unit="fwd", disable=not progress) as bar:
             for backend, key in todo:
                 bar.set_postfix_str(backend.name)
-                table = profile_model(backend, ns, repeats, clock=clock, bar=bar)
+                start = sample()
+                times = time_forwards(backend, ns, repeats, clock=clock, bar=bar)
+                table = {n: statistics.median(t) for n, t in times.items()}
                 profile.tables[backend.name] = table
-                _write(_cache_file(directory, backend), {"format": _FORMAT, "key": key,
-                                                         "table": {str(n): s for n, s in table.items()}})
+                why = busy(start, sample()) or unsteady(times) or implausible(table)
+                if why:
+                    warnings.warn(f"the profile of {backend.name} is used for this run only, not cached: {why}",
+                                  stacklevel=2)
+                else:
+                    _write(_cache_file(directory, backend), {"format": _FORMAT, "key": key,
+                                                             "table": {str(n): s for n, s in table.items()}})
             for backend, key in todo_batch:
                 bar.set_postfix_str(f"{backend.name} batched")
+                start = sample()
                 batched = profile_batches(backend, batches, repeats=repeats, clock=clock, bar=bar)
                 if not batched:  # no batch fits the backend's slots: costs fall back to total tokens
                     continue
                 profile.batch_tables[backend.name] = batched
-                _write(_cache_file(directory, backend, ".batch"), {
-                    "format": _FORMAT, "key": key,
-                    "table": {str(b): {str(n): s for n, s in t.items()} for b, t in batched.items()}})
+                why = busy(start, sample())
+                if why:
+                    warnings.warn(f"the batched profile of {backend.name} is used for this run only, not cached: "
+                                  f"{why}", stacklevel=2)
+                else:
+                    _write(_cache_file(directory, backend, ".batch"), {
+                        "format": _FORMAT, "key": key,
+                        "table": {str(b): {str(n): s for n, s in t.items()} for b, t in batched.items()}})
     return profile
+
+
+def _no_sample() -> CpuSample:
+    return CpuSample(0.0, None, 0.0)
+
+
+def save_refined(costs: OnlineCosts, backends: Iterable[Backend], directory: Path) -> dict[str, float]:
+    """Write the refined tables of the models whose timed forwards disagree with their profile
+    (OnlineCosts.disagreeing) to their cache files, so that the next process starts from what
+    this one timed; their batched tables are dropped (measured again when next needed).
+    Returns the models written, with the factor they were off by."""
+    disagree = costs.disagreeing()
+    saved = {}
+    for backend in backends:
+        if backend.name in disagree:
+            table = costs.refined_table(backend.name)
+            if implausible(table):
+                continue
+            _write(_cache_file(directory, backend), {"format": _FORMAT, "key": profile_key(backend),
+                                                     "table": {str(n): s for n, s in table.items()}})
+            _cache_file(directory, backend, ".batch").unlink(missing_ok=True)
+            saved[backend.name] = disagree[backend.name]
+    return saved
 
 
 def read_profile(file: Path) -> CostProfile:

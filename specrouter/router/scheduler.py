@@ -14,12 +14,14 @@ made of three parts:
 Hysteresis: the chain changes only when the new best is more than HYSTERESIS better than
 the current one, so it does not flap.
 
-The n-gram level is routed per cycle on what its lookup found: its acceptance is kept
-per length of the suffix match (1..max_ngram, `plan.match_key`), and the lookup is done
-before the choice, so a cycle whose match is long (often right) drafts with it and one
-whose match is a single token (right about a quarter of the time on code) does not.
-Chains that differ only by the n-gram level form one family: moving inside a family
-costs nothing (the n-gram has no cache), so hysteresis applies between families only.
+The model-free level (the n-gram or the suffix drafter, `lookup`) is routed per cycle on
+what its lookup found: its acceptance is kept per class of the suffix match's length (the
+drafter's match_classes, `plan.match_key`), and the lookup is done before the choice, so a
+cycle whose match is long (often right) drafts with it and one whose match is a single
+token (right about a quarter of the time on code) does not. Its draft lengths are its own
+(LOOKUP_GRID up to the drafter's `longest`: a copied stretch is one block). Chains that
+differ only by this level form one family: moving inside a family costs nothing (a lookup
+has no cache), so hysteresis applies between families only.
 
 Caution: a chain other than the target alone is moved to only if it beats the target
 alone with every acceptance planner.CAUTION_Z standard errors below its estimate (the
@@ -59,10 +61,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from specrouter.backends.base import Backend
-from specrouter.drafters.ngram import NgramDrafter
+from specrouter.drafters import MODEL_FREE
+from specrouter.drafters.ngram import NGRAM_NAME
 from specrouter.cascade.chain import Chain, Level
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.errors import InvalidParameterError
@@ -70,7 +72,8 @@ from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.draft_stop import ConfidenceStop
 from specrouter.router.observe import CycleLearner
 from specrouter.router.plan import Decision, DecisionInputs, Plan, Rates, Scored, level_key, match_key
-from specrouter.router.planner import Planner
+from specrouter.router.planner import HORIZON, Planner
+from specrouter.router.store import RouterStore
 from specrouter.router.predictor import ChainSpec
 from specrouter.router.costs import OnlineCosts, row_kind
 
@@ -81,7 +84,8 @@ EXPLORE_FRACTION = 0.03  # leaves room for auto >= 0.97x of the best static choi
 #: 16 tokens; any GPU); on llama.cpp q4 targets the search never goes past a few. The
 #: longest is also the cap of a draft that stops on its confidence (draft_stop).
 DRAFT_GRID = (*range(1, 9), 10, 12, 16, 24)
-HORIZON = 256  # tokens over which a catch-up cost is amortised at most
+#: Draft lengths of the model-free level, up to what its drafter says is worth asking.
+LOOKUP_GRID = (*DRAFT_GRID, 32, 48, 64)
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
 
 
@@ -107,37 +111,47 @@ class Router:
         confidence_stop: bool = True,
         *,
         shared_stop: ConfidenceStop | None = None,
+        lookup: str = NGRAM_NAME,
     ) -> None:
-        """use_ngram: route the n-gram level too; confidence_stop: a model drafting for the
+        """use_ngram: route a model-free level too, the drafter `lookup` names (MODEL_FREE);
+        confidence_stop: a model drafting for the
         target may end its draft on its confidence; shared_stop: that rule's calibration is
         shared with this stop's (a session: see session())."""
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
-        self.ngram = NgramDrafter() if use_ngram else None  # keeps no state: its evidence travels with its draft
+        if lookup not in MODEL_FREE:
+            raise InvalidParameterError(f"unknown model-free drafter {lookup!r}: use one of {', '.join(MODEL_FREE)}")
+        #: The session's own model-free drafter (its evidence travels with its draft).
+        self.lookup_drafter = MODEL_FREE[lookup]() if use_ngram else None
         #: The model-free level's name (None: none is routed).
-        self.lookup = self.ngram.name if self.ngram else None
+        self.lookup = self.lookup_drafter.name if self.lookup_drafter else None
         self.costs = costs
         self.acceptance = acceptance or AcceptanceEstimator()
         self.grid = tuple(draft_grid)
+        self.lookup_grid = (tuple(k for k in LOOKUP_GRID if k <= self.lookup_drafter.longest)
+                            if self.lookup_drafter else ())
+        self.longest = max(self.grid + self.lookup_grid)
         self.hysteresis, self.explore_fraction = hysteresis, explore_fraction
         self.message = message  # why the candidate set is what it is (e.g. no shared tokenizer)
-        self.estimates_file: Path | None = None
+        #: Where what the router learns is kept across processes (None: nowhere).
+        self.store: RouterStore | None = None
         #: A model drafting for the target alone ends its draft when its confidence says going on
         #: no longer pays (draft_stop), at most max(grid) tokens on.
         self.draft_stop = (shared_stop.session() if shared_stop else ConfidenceStop()) if confidence_stop else None
         self._levels: dict[str, Level] = {m.name: m for m in self.models}
         match_keys = []
-        if self.ngram:
-            self._levels[self.ngram.name] = self.ngram
-            match_keys = [match_key(self.ngram.name, n) for n in range(1, self.ngram.max_ngram + 1)]
+        if self.lookup_drafter:
+            self._levels[self.lookup_drafter.name] = self.lookup_drafter
+            match_keys = [match_key(self.lookup_drafter.name, c) for c in self.lookup_drafter.match_classes]
         self.planner = Planner(self.acceptance, costs, target.name, self.grid, [m.name for m in self.drafts],
-                               self.lookup, match_keys)
+                               self.lookup, match_keys, self.lookup_grid)
         self._chain_objs: dict[ChainSpec, Chain] = {}
         self.elapsed = self.probe_spent = 0.0  # seconds of cycles (global), of which probes' extra
         self.decisions: list[Decision] = []
         self.current: ChainSpec | None = None
-        self.learner = CycleLearner(self.acceptance, costs, target.name, self.lookup)
+        self.learner = CycleLearner(self.acceptance, costs, target.name, self.lookup,
+                                    self.lookup_drafter.match_class if self.lookup_drafter else int)
         #: Sequences that advance together (set by the batch scheduler before choose): every
         #: forward then carries this many sequences' tokens, so it is costed at batch x n tokens.
         self.batch_size = 1
@@ -149,9 +163,10 @@ class Router:
         acceptance, chain objects carrying its own draft stop), and the objects every request
         shares: the models, the cost model, the global acceptance estimates (a view) and the
         draft stop's calibration."""
-        return Router(self.target, self.drafts, self.costs, self.acceptance.view(), self.ngram is not None,
+        return Router(self.target, self.drafts, self.costs, self.acceptance.view(), self.lookup_drafter is not None,
                       self.grid, self.hysteresis, self.explore_fraction, self.message,
-                      self.draft_stop is not None, shared_stop=self.draft_stop)
+                      self.draft_stop is not None, shared_stop=self.draft_stop,
+                      lookup=self.lookup or NGRAM_NAME)
 
     @property
     def chains(self) -> list[tuple[str, ...]]:
@@ -201,25 +216,13 @@ class Router:
         """End of a request (nothing to release: estimates stay for the next one)."""
 
     def save_estimates(self) -> None:
-        """Persist the global acceptance estimates (if a file was set): the next run starts informed."""
-        if self.estimates_file is not None:
-            self.acceptance.save(self.estimates_file)
+        """Persist what was learned (RouterStore.save): the next run starts informed."""
+        if self.store is not None:
+            self.store.save(self.acceptance, self.costs)
 
     # Decision ---------------------------------------------------------------------------
-    def _catch_up(self, spec: ChainSpec, position: int, cached: Mapping[str, int]) -> float:
-        total = 0.0
-        for name in spec.names[:-1]:  # the target is always caught up (it runs every cycle)
-            if name == self.lookup:
-                continue
-            extra = position - cached.get(name, 0) - 1  # the predictor already counts 1-2 tokens
-            if extra > 0:
-                total += self.costs.seconds(name, 1 + extra) - self.costs.seconds(name, 1)
-        return total
-
     def _score(self, s: Scored, position: int, room: int, cached: Mapping[str, int]) -> Scored:
-        catch_up = self._catch_up(s.spec, position, cached) * self.batch_size  # the batch waits for it
-        horizon = max(1, min(room, HORIZON))
-        return Scored(s.spec, s.prediction, catch_up, s.prediction.seconds_per_token + catch_up / horizon)
+        return self.planner.score(s, position, room, cached, self.batch_size)
 
     def choose(self, position: int, room: int, cached: Mapping[str, int] | None = None,
                context: Sequence[int] | None = None) -> Chain:
@@ -230,9 +233,10 @@ class Router:
         anyway, so the n-gram level is always observed (it wins on repetitive text)."""
         cached = cached or {}
         x, self._ngram_key = None, None
-        if self.ngram is not None and context is not None:
-            x, size = self.ngram.lookup(context, max(self.grid))
-            x, self._ngram_key = (x, match_key(self.ngram.name, size)) if x else (None, None)
+        if self.lookup_drafter is not None and context is not None:
+            free = self.lookup_drafter
+            x, size = free.lookup(context, max(self.lookup_grid))
+            x, self._ngram_key = (x, match_key(free.name, free.match_class(size))) if x else (None, None)
         self.learner.begin(x, self._ngram_key)
         self._cycle += 1
         self.planner.refresh(room, self.batch_size, self._row_kind, self._cycle, now=self._probe is not None)
@@ -301,7 +305,7 @@ class Router:
         estimates is biased toward the chains whose estimates are high by chance (the winner's
         curse). The draft lengths are still those of the estimate."""
         if len(s.spec.names) > 1:
-            r = room if room <= max(self.grid) else None
+            r = room if room <= self.longest else None
             s.cautious = self._plan.predict(s.spec, Rates.CAUTIOUS, r, self._ngram_key).seconds_per_token + s.catch_up_per_token
             s.sure = s.cautious < alone.score
         return s
@@ -324,7 +328,7 @@ class Router:
         options = [s for s in ranked if s.sure and _family(s.spec.names, self.lookup) == family
                    and s.spec.names != self.current.names]
         if self.lookup not in self.current.names or self._ngram_key is not None:
-            r = room if room <= max(self.grid) else None
+            r = room if room <= self.longest else None
             prediction = self._plan.predict(self.current, room=r, cls=self._ngram_key)
             kept = self._check_sure(self._score(Scored(self.current, prediction), position, room, cached), alone, room)
             if len(self.current.names) > 1:
@@ -342,7 +346,7 @@ class Router:
         # Remaining time counted over at most HORIZON tokens: a request may end (EOS) long before max_tokens.
         budget = self.explore_fraction * (self.elapsed + min(room, HORIZON) * best_rate) - self.probe_spent
         options = []
-        r = room if room <= max(self.grid) else None
+        r = room if room <= self.longest else None
         for scored in candidates:
             if scored.spec.names == chosen.spec.names or scored.score >= (1 - self.hysteresis) * chosen.score:
                 continue  # even optimism does not beat the current choice: nothing to learn

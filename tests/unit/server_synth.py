@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from specrouter.drafters.ngram import NGRAM_NAME, NgramDrafter
+from specrouter.drafters import MODEL_FREE
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -28,7 +28,8 @@ from specrouter.server.service import Service
 from .router_synth import linear, make_router
 
 MODEL = "target"
-LEVELS = [NGRAM_NAME, "small", "mid", MODEL]
+MODELS = ["small", "mid", MODEL]
+LEVELS = [*MODEL_FREE, *MODELS]
 N_CTX = 512
 
 
@@ -49,9 +50,9 @@ class SynthPool:
 
     def chain(self, names, draft_lengths=None) -> Chain:
         for n in names:
-            if n != NGRAM_NAME and n not in self.by_name:
+            if n not in MODEL_FREE and n not in self.by_name:
                 raise UnknownModelError(f"unknown model {n!r}")
-        levels = [NgramDrafter() if n == NGRAM_NAME else self.by_name[n] for n in names]
+        levels = [MODEL_FREE[n]() if n in MODEL_FREE else self.by_name[n] for n in names]
         return Chain(levels, list(draft_lengths) if draft_lengths is not None else [4] * (len(levels) - 1))
 
 
@@ -80,7 +81,7 @@ def leaked_kv(models: list[SyntheticBackend]) -> int:
 @contextmanager
 def running_server(service: Service, graceful: float = 5.0, **config) -> Iterator[tuple[str, uvicorn.Server]]:
     """Start uvicorn on 127.0.0.1 (a free port) in a thread; yields (base url, server)."""
-    app = create_app(service, ServeConfig(models=LEVELS[1:], **config))
+    app = create_app(service, ServeConfig(models=MODELS, **config))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            timeout_graceful_shutdown=graceful))
     thread = threading.Thread(target=server.run, daemon=True)

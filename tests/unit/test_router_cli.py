@@ -17,11 +17,13 @@ def test_auto_is_the_default_chain():
     [
         (["--prompt", "x", "--draft-lengths", "3"], "draft_lengths needs an explicit chain, not 'auto'"),
         (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--target", "qwen2.5-coder-1.5b"],
-         "--target, --explain and --profile work with --chain auto"),
+         "--target, --explain, --lookup and --profile work with --chain auto"),
         (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--explain"],
-         "--target, --explain and --profile work with --chain auto"),
+         "--target, --explain, --lookup and --profile work with --chain auto"),
         (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--profile", "costs.json"],
-         "--target, --explain and --profile work with --chain auto"),
+         "--target, --explain, --lookup and --profile work with --chain auto"),
+        (["--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b", "--lookup", "suffix"],
+         "--target, --explain, --lookup and --profile work with --chain auto"),
         (["--prompt", "x", "--target", "no-such-model"], "unknown model 'no-such-model'"),
     ],
 )
@@ -30,6 +32,11 @@ def test_router_flags_fail_with_one_clear_line(args, message):
     assert result.exit_code == 2
     assert f"error: {message}" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_unknown_lookup_drafter_is_refused_with_the_known_ones():
+    result = CliRunner().invoke(main, ["generate", "--prompt", "x", "--lookup", "nope"])
+    assert result.exit_code == 2 and "'nope' is not one of 'ngram', 'suffix'" in result.output
 
 
 def test_profile_refuses_bad_input():

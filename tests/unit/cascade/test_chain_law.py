@@ -7,8 +7,9 @@ corrected for the 15 tests, must stay above ALPHA. The configurations use what s
 cannot: full draft lengths at every level (3-5, so bugs at block position 3 and later show),
 several cycles per generation (rollback between them), an intermediate level whose bonus
 token is used without a draft stop ([1, 4]: the middle level verifies one proposal per block
-and emits its bonus), EOS inside the horizon, temperature != 1 without filters, and levels
-whose rows have different (padded) lengths.
+and emits its bonus), EOS inside the horizon, temperature != 1 without filters, levels
+whose rows have different (padded) lengths, and the suffix drafter at the bottom of two and
+three levels.
 
 Two tiers of the same tests:
 - fast (make test-fast): FAST_RUNS generations, seconds each. Detects a bias of about
@@ -28,6 +29,7 @@ from __future__ import annotations
 import pytest
 
 from specrouter.drafters.ngram import NgramDrafter
+from specrouter.drafters.suffix import SuffixDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -69,10 +71,19 @@ def configuration(name: str) -> tuple[Chain, SamplingParams]:
         # the target's last tokens, and a mid level that proposes tokens the target lacks.
         target, mid, small = family(eos=4, vocabs=(5, 8, 7))
         return Chain([small, mid, target], [3, 3]), SamplingParams(temperature=1.0)
+    if name == "2-level-suffix":
+        target, mid, small = family()
+        return Chain([SuffixDrafter(), target], [6]), SamplingParams(temperature=1.0)
+    if name == "3-level-suffix-eos":
+        # the suffix index grows with the committed tokens over several cycles; the middle
+        # level's accepted tokens are a tail it reads without indexing
+        target, mid, small = family(eos=5)
+        return Chain([SuffixDrafter(), small, target], [5, 3]), SamplingParams(temperature=0.8, top_k=4)
     raise KeyError(name)
 
 
-CONFIGURATIONS = ["2-level-filters", "3-level-bonus", "3-level-stop-eos", "4-level-ngram", "padded-eos"]
+CONFIGURATIONS = ["2-level-filters", "3-level-bonus", "3-level-stop-eos", "4-level-ngram", "padded-eos",
+                  "2-level-suffix", "3-level-suffix-eos"]
 
 
 def check(name: str, runs: int, seed: int) -> None:

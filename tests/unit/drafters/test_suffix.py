@@ -91,3 +91,47 @@ def test_incremental_cost_stays_linear_on_a_repeated_token():
     index.sync([4] * 3000)
     assert len(index._len) == 3001
     assert index.propose([4] * 3000, 5) == Lookup([4] * 5, 2999, 1, 1)  # its period, continued
+
+
+def _repetitive_family():
+    """A target of order 2 over 6 tokens (its text repeats itself) and a noisy small draft."""
+    from specrouter.backends.synthetic import SyntheticBackend
+
+    target = SyntheticBackend("target", vocab=6, scale=3.0)
+    small = SyntheticBackend("small", vocab=6, model_seed=3, noise=1.0)
+    return target, small
+
+
+@pytest.mark.parametrize("levels", ["suffix", "suffix,small"])
+def test_greedy_output_with_the_suffix_drafter_equals_the_target_alone(levels):
+    from specrouter.cascade.chain import Chain
+    from specrouter.cascade.sampling import SamplingParams
+    from specrouter.drafters.suffix import SuffixDrafter
+    from specrouter.engine import generate
+
+    target, small = _repetitive_family()
+    alone = generate(Chain([target], []), [1, 2, 3], SamplingParams(), 120)
+    chain = Chain([SuffixDrafter(), *([small] if "small" in levels else []), target], [12, 3][: len(levels.split(","))])
+    result = generate(chain, [1, 2, 3], SamplingParams(), 120)
+    assert result.token_ids == alone.token_ids
+    suffix = result.levels[0]
+    assert suffix.proposed > 0 and suffix.accepted > 0.5 * suffix.proposed  # it did draft, mostly right
+
+
+def test_batched_requests_each_with_a_suffix_drafter_keep_greedy_output():
+    from specrouter.cascade.chain import Chain
+    from specrouter.cascade.sampling import SamplingParams
+    from specrouter.drafters.suffix import SuffixDrafter
+    from specrouter.engine import generate
+    from specrouter.engine.batch import BatchScheduler, SeqRequest
+
+    from ..engine.test_batch import drain, finished
+
+    target, _ = _repetitive_family()
+    prompts = [[1, 2, 3], [4, 4, 1], [5, 0, 2, 5]]
+    alone = [generate(Chain([target], []), p, SamplingParams(), 60).token_ids for p in prompts]
+    scheduler = BatchScheduler(lambda r: Chain([SuffixDrafter(), target], [8]), max_batch=3)
+    for i, p in enumerate(prompts):
+        scheduler.add(str(i), SeqRequest(p, SamplingParams(), 60))
+    events = drain(scheduler)
+    assert [finished(events[str(i)]).token_ids for i in range(3)] == alone

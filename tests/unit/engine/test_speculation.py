@@ -17,7 +17,7 @@ from specrouter.errors import (EmptyPromptError, InvalidChainError, InvalidParam
                                PromptTooLongError)
 from specrouter.server.config import load_config
 
-from ..server_synth import LEVELS, MODEL, build_service, running_server
+from ..server_synth import LEVELS, MODEL, MODELS, build_service, running_server
 
 SERVED = ["ngram", "small", "target"]
 
@@ -145,7 +145,7 @@ def test_a_bad_chain_gets_the_same_message_everywhere(url, names, lengths):
     assert err["message"] == expected and err["type"] == "invalid_request_error"
     flags = ["--chain", ",".join(names)] + (["--draft-lengths", ",".join(map(str, lengths))] if lengths else [])
     assert f"error: {expected}\n" in cli_error("generate", "--prompt", "x", *flags)
-    config = message(load_config, models=LEVELS[1:], chain=",".join(names), draft_lengths=lengths)
+    config = message(load_config, models=MODELS, chain=",".join(names), draft_lengths=lengths)
     assert config.endswith(f"Value error, {expected}")
 
 
@@ -154,7 +154,7 @@ def test_an_unknown_level_gets_the_same_message_from_http_and_config(url):
     expected = message(check_chain, names, None, LEVELS, MODEL)
     err = http_error(url, speculation={"chain": names})
     assert (err["message"], err["param"], err["code"]) == (expected, "speculation.chain", "invalid_chain")
-    assert message(load_config, models=LEVELS[1:], chain=",".join(names)).endswith(f"Value error, {expected}")
+    assert message(load_config, models=MODELS, chain=",".join(names)).endswith(f"Value error, {expected}")
 
 
 def test_max_tokens_gets_the_same_message_from_the_cli_and_the_server_config():

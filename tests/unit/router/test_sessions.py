@@ -22,7 +22,7 @@ def test_each_request_files_ngram_acceptance_under_its_own_match_class():
     # a flat verification cost (GPU-like) makes the router use them.
     target = SyntheticBackend("target", vocab=12, order=1, latency=linear(0.05, 0.0005), params_b=1.0)
     router = make_router(target, [])
-    lookup = NgramDrafter(max_ngram=router.ngram.max_ngram)
+    lookup = NgramDrafter(max_ngram=router.lookup_drafter.max_ngram)
     filed: dict[str, list[tuple[str, str]]] = {"a": [], "b": []}  # (filed key, expected key)
     sessions = {}
 

@@ -30,7 +30,7 @@ def test_defaults_serve_the_default_pool_on_loopback():
     assert (c.models, c.served, c.chain, c.host, c.port, c.api_key) == (DEFAULT_MODELS, TARGET, "auto", "127.0.0.1",
                                                                       8000, None)
     assert c.default_speculation() == Speculation()
-    assert c.levels == ["ngram", SMALL, TARGET]
+    assert c.levels == ["ngram", "suffix", SMALL, TARGET]
 
 
 def test_flags_override_the_file(tmp_path):

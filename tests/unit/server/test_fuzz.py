@@ -12,10 +12,10 @@ from schemathesis.checks import not_a_server_error
 from specrouter.server.app import create_app
 from specrouter.server.config import ServeConfig
 
-from ..server_synth import LEVELS, MODEL, build_service, leaked_kv, running_server, wait_until
+from ..server_synth import MODEL, MODELS, build_service, leaked_kv, running_server, wait_until
 
 schema = schemathesis.openapi.from_dict(create_app(build_service(routed=False)[0],
-                                                   ServeConfig(models=LEVELS[1:])).openapi())
+                                                   ServeConfig(models=MODELS)).openapi())
 
 
 @pytest.fixture(scope="module")

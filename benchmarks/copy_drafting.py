@@ -1,0 +1,167 @@
+"""The copy-drafting benchmark: workloads whose answers repeat text that is already there
+(benchmarks/workloads.py: code editing, MT-Bench second turns, documentation), on the
+default q4 llama.cpp 1.5B target, against the target alone.
+
+    python -m benchmarks.copy_drafting [--per-workload 10] [--max-tokens 256] [--modes greedy,T=0.7]
+                                       [--router-dir DIR] [--stem NAME]
+
+Methods: the target alone (first and last per prompt and mode, as in the router
+benchmark), fixed chains with the n-gram (4 tokens) and the suffix drafter (16 tokens),
+llama-cpp-python's prompt lookup on the same model file (10 tokens, its default), and
+`auto` with each model-free drafter as its lookup level (one router per drafter for the
+whole run, as a server keeps it; both start as --router-dir says). The MT-Bench first
+answers are the target's own, generated greedily before the runs. Writes
+copy-drafting-<date>.json and .md to benchmarks/results/ (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+from benchmarks.args import router_start
+from benchmarks.chains import MODES, NATIVE, RESULTS, TARGET, compare, native_runner, open_native, static_runner
+from benchmarks.machine import machine_info
+from benchmarks.measure import run_routed
+from benchmarks.summary import ratio_table, summarise
+from benchmarks.workloads import WORKLOADS, load
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.chat import chat_prompt_tokens
+from specrouter.engine import generate
+from specrouter.pool import Pool
+from specrouter.router import auto_router
+
+FIXED = {"ngram -> 1.5b [4]": (["ngram", TARGET], (4,)), "suffix -> 1.5b [16]": (["suffix", TARGET], (16,))}
+NATIVE_K = 10
+AUTO = {"auto (ngram)": "ngram", "auto (suffix)": "suffix"}
+FIRST_TURN_TOKENS = 256
+
+
+def build_prompts(target, per_workload: int) -> tuple[list[tuple[str, str, list[int]]], dict[str, str]]:
+    """(workload, id, prompt tokens) per task, and the MT-Bench first answers (the target's, greedy)."""
+    prompts, first_answers = [], {}
+    for workload in WORKLOADS:
+        for task in load(workload, per_workload):
+            answer = None
+            if task.first_turn is not None:
+                tokens = chat_prompt_tokens(target, task.first_turn)
+                answer = first_answers[task.id] = generate(Chain([target], []), tokens, SamplingParams(),
+                                                           FIRST_TURN_TOKENS).text
+            prompts.append((workload, task.id, chat_prompt_tokens(target, task.messages(answer))))
+    return prompts, first_answers
+
+
+def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path | None) -> dict:
+    started = time.perf_counter()
+    router_dir, router_state = router_start(router_dir)
+    pool = Pool(n_ctx=4096, n_seq_max=1)
+    target = pool.level(TARGET)
+    prompts, first_answers = build_prompts(target, per_workload)
+    phases = {"first answers": time.perf_counter() - started}
+    methods = {"target alone": static_runner(pool, [TARGET], ())}
+    methods.update({m: static_runner(pool, names, ks) for m, (names, ks) in FIXED.items()})
+    native, native_error = open_native(target)
+    if native is not None:
+        methods[NATIVE] = native_runner(native, NATIVE_K, target.eos_ids)
+    for method, lookup in AUTO.items():
+        # Each router its own folder under router_dir: their estimates must not mix.
+        router = auto_router(pool, TARGET, [TARGET], profile_dir=router_dir / lookup, progress=False, lookup=lookup)
+        methods[method] = lambda tokens, params, n, router=router: run_routed(router, tokens, params, n)
+    runs = compare(methods, prompts, pool, max_tokens, {m: MODES[m] for m in modes}, prefilled=())
+    phases["main"] = time.perf_counter() - started - sum(phases.values())
+    if native is not None:
+        native.close()
+    pool.close()
+    summary = summarise(runs)
+    return {
+        "machine": machine_info(),
+        "settings": {"per_workload": per_workload, "max_tokens": max_tokens, "modes": modes,
+                     "workloads": list(WORKLOADS), "target": TARGET, "n_threads": target.n_threads,
+                     "fixed": {m: {"chain": names, "draft_lengths": list(ks)} for m, (names, ks) in FIXED.items()},
+                     "native": {"method": NATIVE, "draft_length": NATIVE_K, "error": native_error},
+                     "router_start": router_state, "first_turn_tokens": FIRST_TURN_TOKENS},
+        "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
+        "first_answers": first_answers,
+        "runs": runs,
+        "summary": summary,
+        "ratios": ratio_table(summary),
+        "auto_chains": auto_chains(runs),
+    }
+
+
+def auto_chains(runs: list[dict]) -> dict[str, dict[str, int]]:
+    """Per auto method and workload: cycles per chain it ran (chains_per_cycle holds the index
+    of each cycle's chain in chain_labels)."""
+    out: dict[str, Counter] = {}
+    for r in runs:
+        if r["method"] in AUTO:
+            counter = out.setdefault(f"{r['method']} | {r['dataset']}", Counter())
+            counter.update(r["chain_labels"][i] for i in r["chains_per_cycle"])
+    return {k: dict(v.most_common()) for k, v in out.items()}
+
+
+def markdown(result: dict) -> str:
+    m, s = result["machine"], result["settings"]
+    total = sum(result["phase_seconds"].values()) / 60
+    lines = [
+        f"# Copy-drafting benchmark ({m['date']})", "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, llama-cpp-python {m['llama_cpp_python']}, "
+        f"{s['n_threads']} threads. Command: `{m['command']}`. Run time {total:.1f} min "
+        f"({', '.join(f'{k} {v / 60:.1f}' for k, v in result['phase_seconds'].items())}).", "",
+        f"Target {s['target']} (q4 llama.cpp). {s['per_workload']} tasks per workload ({', '.join(s['workloads'])}), "
+        f"{s['max_tokens']} new tokens, modes {', '.join(s['modes'])}. Per task and mode the target alone runs first "
+        "and last (both runs pooled: the reference of every ratio), every other method once in between, rotated "
+        f"from turn to turn. Router at the start: {s['router_start']}."
+        + (f" Native peer unavailable: {s['native']['error']}." if s["native"]["error"] else ""), "",
+        "## Median ratio to the target alone (per task)", "",
+    ]
+    ratios = result["ratios"]
+    columns = list(next(iter(ratios.values())))
+    lines.append("| method | " + " | ".join(columns) + " |")
+    lines.append("|---|" + "---|" * len(columns))
+    for method, values in ratios.items():
+        lines.append(f"| {method} | " + " | ".join(str(values.get(c, "")) for c in columns) + " |")
+    lines += ["", "## Details (all workloads pooled)", "",
+              "| method | mode | median tok/s | accepted per block | greedy identical |", "|---|---|---|---|---|"]
+    for key, v in result["summary"].items():
+        method, dataset, mode = key.split(" | ")
+        if dataset == "all":
+            lines.append(f"| {method} | {mode} | {v['median_tokens_per_second']} | "
+                         f"{', '.join(map(str, v['mean_accepted_per_block']))} | {v['identical_outputs'] or ''} |")
+    lines += ["", "## Chains auto ran (cycles)", ""]
+    for key, chains in result["auto_chains"].items():
+        lines.append(f"- {key}: " + ", ".join(f"{c} {n}" for c, n in chains.items()))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--per-workload", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--modes", default="greedy,T=0.7", help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--router-dir", type=Path, help="the routers' starting profiles and estimates, one folder per "
+                    "lookup drafter under it (default: none saved, profiles measured at the start)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--stem", help="name of the result files (default: copy-drafting-<date>)")
+    ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
+    args = ap.parse_args()
+    modes = [m.strip() for m in args.modes.split(",")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        ap.error(f"unknown modes {unknown}: use {', '.join(MODES)}")
+    result = (json.loads(args.render.read_text()) if args.render is not None
+              else run(args.per_workload, args.max_tokens, modes, args.router_dir))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.stem or f"copy-drafting-{result['machine']['date'][:10]}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    md = markdown(result)
+    (args.out / f"{stem}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The router's model-free level: which drafter (ngram or suffix), its match classes, and
+the long blocks it may draft (its own grid), on synthetic text that repeats itself."""
+
+import numpy as np
+import pytest
+
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.errors import InvalidParameterError
+from specrouter.router.plan import match_key
+from specrouter.router.scheduler import DRAFT_GRID, LOOKUP_GRID
+
+from ..router_synth import linear, make_router, seconds_per_token
+
+
+def repeating_target():
+    """An order-2 target over 6 tokens, sharp enough that its greedy text falls into a cycle
+    (what copying looks like to a drafter), costing a CPU-like fixed part plus a part per token."""
+    return SyntheticBackend("t", vocab=6, scale=4.0, latency=linear(0.05, 0.004), params_b=7)
+
+
+def test_the_suffix_level_learns_per_match_class_and_drafts_long_blocks():
+    target = repeating_target()
+    router = make_router(target, [], lookup="suffix")
+    assert router.lookup == "suffix" and router.lookup_grid == LOOKUP_GRID and router.grid == DRAFT_GRID
+    alone, base = seconds_per_token(Chain([target], []), [target], SamplingParams(), 200)
+    routed, result = seconds_per_token(router, [target], SamplingParams(), 200)
+    assert result.token_ids == base.token_ids
+    # the suffix chain and the target alone are one family: moving between them is no decision
+    lengths = [ks[0] for names, ks in result.chains_used if names == ["suffix", "t"]]
+    assert lengths and max(lengths) >= 32, result.chains_used  # the copy in long blocks
+    assert routed < 0.5 * alone  # verifying 32 tokens costs ~3.4 single forwards here
+    classes = {p for (_, p, _) in router.acceptance.global_ if p.startswith("suffix#")}
+    assert classes and classes <= {match_key("suffix", c) for c in (1, 2, 3, 4, 8, 16, 32)}
+
+
+def test_an_ngram_router_keeps_its_grid_and_classes():
+    router = make_router(repeating_target(), [])
+    assert router.lookup == "ngram" and router.lookup_grid == DRAFT_GRID and router.longest == max(DRAFT_GRID)
+    assert router.planner.ngram_keys == [match_key("ngram", n) for n in range(1, 5)]
+
+
+def test_an_unknown_lookup_drafter_is_refused():
+    with pytest.raises(InvalidParameterError, match="unknown model-free drafter 'nope': use one of ngram, suffix"):
+        make_router(repeating_target(), [], lookup="nope")
+
+
+def test_a_session_keeps_its_routers_lookup_drafter_and_owns_its_index():
+    router = make_router(repeating_target(), [], lookup="suffix")
+    session = router.session()
+    assert session.lookup == "suffix" and session.lookup_drafter is not router.lookup_drafter
+    session.lookup_drafter.lookup([1, 2, 1, 2], 2)
+    assert len(router.lookup_drafter.index) == 0 and len(session.lookup_drafter.index) == 4
+
+
+def test_the_greedy_output_of_a_suffix_router_matches_over_seeds():
+    target = repeating_target()
+    for seed in range(3):
+        prompt = np.random.default_rng(seed).integers(0, 6, size=6).tolist()
+        _, alone = seconds_per_token(Chain([target], []), [target], SamplingParams(), 80, prompt=prompt)
+        _, routed = seconds_per_token(make_router(target, [], lookup="suffix"), [target], SamplingParams(), 80,
+                                      prompt=prompt)
+        assert routed.token_ids == alone.token_ids

@@ -1,0 +1,115 @@
+"""A profile is trusted only when it can describe this machine: measurements taken while
+other processes ran, with repeats that disagree or with a non-physical curve are used for
+the run but not cached; a cached curve that is not physical is measured again; and a
+cached profile that the timed forwards contradict is corrected and saved for the next
+process (the busy-machine profile that once made auto 0.44-0.90x the target alone)."""
+
+import json
+import os
+import warnings
+
+import pytest
+
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.router.costs import CostProfile, OnlineCosts
+from specrouter.router.profiler import (CpuSample, busy, implausible, load_or_profile, save_refined, unsteady)
+
+from ..router_synth import linear
+
+
+def model(tmp_path, latency=linear(0.01, 0.002), name="m"):
+    m = SyntheticBackend(name, latency=latency)
+    m.path = tmp_path / f"{name}.gguf"
+    m.path.write_bytes(b"GGUF fake weights")
+    return m
+
+
+def samples(*points):
+    """A sampler returning the given CpuSamples in turn."""
+    it = iter(points)
+    return lambda: next(it)
+
+
+def test_busy_counts_other_processes_only():
+    start = CpuSample(wall=100.0, machine=1000.0, own=10.0)
+    # 10 s on 2 cores: the machine did 14 CPU-seconds, 9 of them ours: others used 25%, the limit
+    assert busy(start, CpuSample(110.0, 1014.0, 19.0), cores=2) is None
+    assert busy(start, CpuSample(110.0, 1016.0, 19.0), cores=2) == \
+        "other processes used 35% of the 2 cores while it was timed"
+    assert busy(start, CpuSample(110.0, 1020.0, 30.0), cores=2) is None  # all of it ours
+    assert busy(CpuSample(0.0, None, 0.0), CpuSample(10.0, None, 5.0), cores=2) is None  # no counters: no verdict
+
+
+def test_a_curve_or_repeats_that_cannot_describe_a_forward_are_named():
+    assert implausible({1: 0.07, 4: 0.1, 16: 0.23, 32: 0.44}) is None
+    assert implausible({1: 0.07, 4: 0.1, 16: 0.05}) == "16 tokens cost 50.0 ms, less than 4 (100.0 ms)"
+    assert unsteady({1: [0.07, 0.071, 0.069], 4: [0.1, 0.1, 0.11]}) is None
+    assert unsteady({1: [0.07, 0.2, 0.07], 4: [0.1, 0.3, 0.1]}) == "repeats of one size differ by 2.93x (median over sizes)"
+
+
+def test_a_profile_timed_on_a_busy_machine_is_used_but_not_cached(tmp_path):
+    m = model(tmp_path)
+    cores = os.cpu_count() or 1
+    # 10 s of profiling, 2 CPU-seconds ours, other processes half of every core
+    loaded = samples(CpuSample(0.0, 0.0, 0.0), CpuSample(10.0, 2.0 + 0.5 * 10 * cores, 2.0))
+    with pytest.warns(UserWarning, match=f"the profile of m is used for this run only, not cached: other processes "
+                                         f"used 50% of the {cores} cores"):
+        profile = load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=lambda: m.simulated_seconds,
+                                  batches=(), sample=loaded)
+    assert profile.tables["m"][1] == pytest.approx(0.012) and not (tmp_path / "p" / "m.json").exists()
+
+
+def test_repeats_that_disagree_are_not_cached(tmp_path):
+    m = model(tmp_path)
+    calls = iter(range(10**6))
+    # every third forward takes 3x: a machine whose speed moves while it is profiled
+    m.latency = lambda n: (0.01 + 0.002 * n) * (3 if next(calls) % 3 == 0 else 1)
+    with pytest.warns(UserWarning, match="not cached: repeats of one size differ by 3.00x"):
+        load_or_profile([m], tmp_path / "p", repeats=3, progress=False, clock=lambda: m.simulated_seconds, batches=())
+    assert not (tmp_path / "p" / "m.json").exists()
+
+
+def test_a_cached_curve_that_is_not_physical_is_measured_again(tmp_path):
+    m = model(tmp_path)
+    clock = lambda: m.simulated_seconds  # noqa: E731
+    load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=())
+    file = tmp_path / "p" / "m.json"
+    data = json.loads(file.read_text())
+    data["table"]["32"] = data["table"]["1"] / 10
+    file.write_text(json.dumps(data))
+    calls = m.decode_calls
+    with pytest.warns(UserWarning, match=r"m.json is not physical \(32 tokens cost 1.2 ms, less than 24"):
+        again = load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=())
+    assert m.decode_calls > calls and again.tables["m"][32] == pytest.approx(0.074)
+
+
+def test_a_profile_the_timed_forwards_contradict_is_corrected_and_saved(tmp_path):
+    """The cached profile held 2.1 s for 1 token and 3.0 s for 32 (measured while other work
+    ran); the forwards take 71 ms + 12 ms a token. After MIN_OBSERVED forwards the refined
+    table replaces the cached one, and the next process reads it without measuring."""
+    m = model(tmp_path, latency=linear(0.059, 0.012))
+    clock = lambda: m.simulated_seconds  # noqa: E731
+    load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=())
+    file = tmp_path / "p" / "m.json"
+    data = json.loads(file.read_text())
+    data["table"] = {n: 2.1 + (3.0 - 2.1) * (int(n) - 1) / 31 for n in data["table"]}
+    file.write_text(json.dumps(data))
+    costs = OnlineCosts(load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=()))
+    for n in (1, 1, 4, 1, 8, 1, 2, 1):
+        costs.observe("m", n, m.latency(n))
+    assert costs.disagreeing()["m"] == pytest.approx(0.059, rel=0.5)  # far below 1 / DISAGREE
+    assert save_refined(costs, [m], tmp_path / "p") == {"m": costs.disagreeing()["m"]}
+    calls = m.decode_calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the saved table is valid, and read silently
+        fixed = load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=())
+    assert m.decode_calls == calls
+    assert fixed.seconds("m", 1) == pytest.approx(0.071, rel=0.25) and fixed.seconds("m", 8) == pytest.approx(0.155, rel=0.25)
+
+
+def test_a_sound_profile_is_not_rewritten(tmp_path):
+    m = model(tmp_path)
+    costs = OnlineCosts(CostProfile({"m": {1: 0.012, 16: 0.042}}))
+    for n in (1, 16) * 6:
+        costs.observe("m", n, m.latency(n) * 1.2)  # a machine 20% slower today: within DISAGREE
+    assert costs.disagreeing() == {} and save_refined(costs, [m], tmp_path / "p") == {}
