@@ -200,6 +200,8 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--target", "--model", "target", help="The served model, one of --models (default: the last).")
 @click.option("--chain", help="Default speculation of a request: auto (routed, the default), off, or a,b,target.")
 @click.option("--draft-lengths", help="Comma-separated draft lengths for an explicit --chain.")
+@click.option("--lookup", type=click.Choice(list(MODEL_FREE)),
+              help="The model-free drafter auto routes beside the models (default ngram).")
 @click.option("--n-ctx", type=int, help="Context window per sequence (default 4096).")
 @click.option("--threads", type=int, help="CPU threads per model (default: all cores).")
 @click.option("--device", help="Where torch models run: cpu (default), cuda, cuda:N.")
@@ -214,7 +216,7 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--api-key", envvar="SPECROUTER_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 (env SPECROUTER_API_KEY).")
 @_profile_option
 @_cache_option
-def serve_cmd(config_file, models, target, chain, draft_lengths, n_ctx, threads, device, max_batch, max_queue,
+def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, max_queue,
               max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, profile_file,
               cache_dir) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra)."""
@@ -227,7 +229,7 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, n_ctx, threads,
         config_file,
         models=parse_chain(models) if models else None,
         draft_lengths=parse_draft_lengths(draft_lengths, 0) if draft_lengths else None,
-        target=target, chain=chain, n_ctx=n_ctx, threads=threads, device=device, max_batch=max_batch,
+        target=target, chain=chain, lookup=lookup, n_ctx=n_ctx, threads=threads, device=device, max_batch=max_batch,
         max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key,
         profile=profile_file, cache_dir=cache_dir,

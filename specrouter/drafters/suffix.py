@@ -18,7 +18,8 @@ continues with context[e + 1], context[e + 2], ...
 
 Proposal: the token that most candidates continue with (a tie goes to the latest
 occurrence's, as a plain prompt lookup would propose), then among the candidates that
-agree so far the next, until n tokens or until no candidate agrees. An occurrence that
+agree so far the next, until n tokens (some candidate always agrees: the proposal's length
+is the router's to choose, from the match class's acceptance). An occurrence that
 runs into the context's end continues with the proposal itself (an overlapping copy:
 text that repeats with period d goes on repeating). `support` is how
 many candidates agree with the whole proposal, of `candidates` (at most MAX_CANDIDATES,
@@ -51,8 +52,8 @@ class SuffixIndex:
 
     `sync(context)` indexes what the context adds to the indexed tokens, or starts over
     when the context is not an extension of them (another request, or a rollback of
-    tokens that were indexed: only committed tokens should be); `lookup` and `propose`
-    query after a sync."""
+    tokens that were indexed: only committed tokens should be); `match`, `ends` and
+    `propose` query after a sync."""
 
     def __init__(self) -> None:
         self.tokens: list[int] = []

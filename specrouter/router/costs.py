@@ -99,9 +99,11 @@ class OnlineCosts:
     ALPHA = 0.3  # a few observations move the level; one outlier does not
     SHAPE_ALPHA = 0.1
     ROW_ALPHA = 0.1
-    #: A profile off by more than this factor from the timed forwards (after MIN_OBSERVED of
-    #: them) disagrees with this machine: measured while other work ran, or on another one.
-    DISAGREE = 1.5
+    #: A profile off by more than this factor from its first MIN_OBSERVED timed forwards
+    #: disagrees with this machine (measured while other work ran, or on another one): it is
+    #: then replaced at once by a table fitted to them (refit). Later moves are the level's
+    #: to follow (a model that slows down mid-run, for as long as it does).
+    DISAGREE = 2.0
     MIN_OBSERVED = 8
     SAMPLES = 64
 
@@ -109,9 +111,11 @@ class OnlineCosts:
         self.profile = profile
         self._level: dict[str, float] = {}
         self._shape: dict[tuple[str, int], float] = {}
-        self._observed: dict[str, int] = {}  # forwards timed, per model
         #: The latest single-sequence forwards, (n tokens, seconds), per model: refined_table's data.
         self._samples: dict[str, deque[tuple[int, float]]] = {}
+        #: Models whose profile was replaced by a refit in this process, with the factor the
+        #: profile was off by (timed / profiled): what a RouterStore saves for the next one.
+        self.refitted: dict[str, float] = {}
         self.overhead_per_forward = overhead_per_forward  # Python work around each forward (feeding, bookkeeping)
         #: Python work per logits row (warp, sample, verify), per kind of sampling (row_kind):
         #: ~0.02 ms greedy, ~0.5 ms at a temperature, ~1 ms with top-p, on a 150k vocabulary.
@@ -135,7 +139,6 @@ class OnlineCosts:
         lookup = name in self.profile.lookup_seconds
         if name not in self.profile.tables and not lookup:
             return
-        self._observed[name] = self._observed.get(name, 0) + 1
         if batch > 1:  # the level follows every call; shapes stay a single-sequence correction
             base = self.profile.seconds(name, max(n / batch, 1), batch)
             level = self._level.get(name, 1.0)
@@ -157,14 +160,20 @@ class OnlineCosts:
             for k in keys:
                 self._shape[k] /= mean
             self._level[name] *= mean
+            level = self._level[name]
+            first = len(self._samples[name]) == self.MIN_OBSERVED  # its first single-sequence forwards
+            if first and not 1 / self.DISAGREE <= level <= self.DISAGREE:
+                self._refit(name, level)
 
-    def disagreeing(self) -> dict[str, float]:
-        """Models whose timed forwards (MIN_OBSERVED or more) run at more than DISAGREE times,
-        or less than 1 / DISAGREE times, what the profile says: model -> that factor (the
-        level). Their refined tables (refined_table) describe this machine better."""
-        return {m: level for m, level in self._level.items()
-                if m in self.profile.tables and self._observed.get(m, 0) >= self.MIN_OBSERVED
-                and not 1 / self.DISAGREE <= level <= self.DISAGREE}
+    def _refit(self, name: str, level: float) -> None:
+        """Replace the model's profile by refined_table: its level and shapes start over, and
+        its batched table (timed as wrongly) is dropped (a call then costs its tokens together)."""
+        self.profile.tables[name] = self.refined_table(name)
+        self.profile.batch_tables.pop(name, None)
+        self._level.pop(name, None)
+        for key in [k for k in self._shape if k[0] == name]:
+            del self._shape[key]
+        self.refitted[name] = level
 
     def refined_table(self, name: str) -> dict[int, float]:
         """The model's profiled sizes at what its latest timed forwards say: a line a + b n

@@ -391,21 +391,20 @@ def _no_sample() -> CpuSample:
 
 
 def save_refined(costs: OnlineCosts, backends: Iterable[Backend], directory: Path) -> dict[str, float]:
-    """Write the refined tables of the models whose timed forwards disagree with their profile
-    (OnlineCosts.disagreeing) to their cache files, so that the next process starts from what
+    """Write the tables of the models whose profile the timed forwards replaced
+    (OnlineCosts.refitted) to their cache files, so that the next process starts from what
     this one timed; their batched tables are dropped (measured again when next needed).
-    Returns the models written, with the factor they were off by."""
-    disagree = costs.disagreeing()
+    Returns the models written, with the factor their profile was off by."""
     saved = {}
     for backend in backends:
-        if backend.name in disagree:
-            table = costs.refined_table(backend.name)
-            if implausible(table):
-                continue
-            _write(_cache_file(directory, backend), {"format": _FORMAT, "key": profile_key(backend),
-                                                     "table": {str(n): s for n, s in table.items()}})
-            _cache_file(directory, backend, ".batch").unlink(missing_ok=True)
-            saved[backend.name] = disagree[backend.name]
+        factor = costs.refitted.get(backend.name)
+        table = costs.profile.tables.get(backend.name)
+        if factor is None or table is None or implausible(table):
+            continue
+        _write(_cache_file(directory, backend), {"format": _FORMAT, "key": profile_key(backend),
+                                                 "table": {str(n): s for n, s in table.items()}})
+        _cache_file(directory, backend, ".batch").unlink(missing_ok=True)
+        saved[backend.name] = factor
     return saved
 
 

@@ -28,6 +28,8 @@ class ServeConfig(BaseModel):
     target: str | None = Field(None, description="the served model (default: the last of models)")
     chain: str = Field("auto", description="a request's default speculation: auto, off, or levels a,b,target")
     draft_lengths: list[int] | None = Field(None, description="with an explicit chain (default 4 per level)")
+    lookup: str = Field("ngram", description="the model-free drafter `auto` routes beside the models "
+                                             f"({', '.join(MODEL_FREE)})")
     n_ctx: int = Field(4096, ge=16, description="context window per sequence")
     threads: int | None = Field(None, ge=1, description="CPU threads per model (default: all cores)")
     device: str = Field("cpu", description="where torch models run (cpu, cuda, cuda:N)")
@@ -48,6 +50,13 @@ class ServeConfig(BaseModel):
     @classmethod
     def _check_max_tokens(cls, value: Any) -> Any:
         check_max_tokens(value)
+        return value
+
+    @field_validator("lookup")
+    @classmethod
+    def _check_lookup(cls, value: str) -> str:
+        if value not in MODEL_FREE:
+            raise ValueError(f"lookup must be one of {', '.join(MODEL_FREE)}, got {value!r}")
         return value
 
     @model_validator(mode="after")

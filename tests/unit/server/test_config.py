@@ -49,6 +49,7 @@ def test_flags_override_the_file(tmp_path):
     ({"chain": f"missing,{TARGET}"}, "must use levels of"),
     ({"draft_lengths": [2]}, "draft_lengths needs an explicit chain"),
     ({"port": 70000}, "port: Input should be less than or equal to 65535"),
+    ({"lookup": "nope"}, "lookup: Value error, lookup must be one of ngram, suffix, got 'nope'"),
 ])
 def test_bad_values_name_the_field(values, message):
     with pytest.raises(InvalidParameterError, match="invalid server configuration") as info:
