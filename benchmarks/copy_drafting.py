@@ -115,13 +115,14 @@ def markdown(result: dict) -> str:
         f"Target {s['target']} (q4 llama.cpp). {s['per_workload']} tasks per workload ({', '.join(s['workloads'])}), "
         f"{s['max_tokens']} new tokens, modes {', '.join(s['modes'])}. Per task and mode the target alone runs first "
         "and last (both runs pooled: the reference of every ratio), every other method once in between, rotated "
-        f"from turn to turn. Router at the start: {s['router_start']}."
+        "from turn to turn. Tokens/s is wall time of the whole generation, prompt included. "
+        f"Router at the start: {s['router_start']}."
         + (f" Native peer unavailable: {s['native']['error']}." if s["native"]["error"] else ""), "",
         "## Median ratio to the target alone (per task)", "",
     ]
     ratios = result["ratios"]
     columns = list(next(iter(ratios.values())))
-    lines.append("| method | " + " | ".join(columns) + " |")
+    lines.append("| method | " + " | ".join(c.replace(" | ", ", ") for c in columns) + " |")
     lines.append("|---|" + "---|" * len(columns))
     for method, values in ratios.items():
         lines.append(f"| {method} | " + " | ".join(str(values.get(c, "")) for c in columns) + " |")

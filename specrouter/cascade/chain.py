@@ -192,7 +192,8 @@ class Chain:
 
 
 class CycleRunner:
-    """Runs cycles of one chain for one sequence; holds no state beyond statistics."""
+    """Runs cycles of one chain for one sequence; holds no state beyond statistics and the
+    length of the current cycle's committed context (what its proposer may index)."""
 
     def __init__(
         self,
