@@ -81,10 +81,10 @@ def load_prompts(target, per_dataset: int) -> list[tuple[str, str, list[int]]]:
     return prompts
 
 
-def open_native(target) -> tuple[NativeLookup | None, str | None]:
+def open_native(target, n_ctx: int = NATIVE_CTX) -> tuple[NativeLookup | None, str | None]:
     """llama-cpp-python's speculative setup on the target's file, or why it is unavailable."""
     try:
-        return NativeLookup(resolve_model(TARGET), target.n_threads, NATIVE_CTX), None
+        return NativeLookup(resolve_model(TARGET), target.n_threads, n_ctx), None
     except Exception as exc:  # any failure is a result to report, not a reason to stop the benchmark
         return None, f"{type(exc).__name__}: {exc}"
 

@@ -64,7 +64,7 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
     phases = {"first answers": time.perf_counter() - started}
     methods = {"target alone": static_runner(pool, [TARGET], ())}
     methods.update({m: static_runner(pool, names, ks) for m, (names, ks) in FIXED.items()})
-    native, native_error = open_native(target)
+    native, native_error = open_native(target, n_ctx=4096)  # a document and its answer outgrow 2,048 tokens
     if native is not None:
         methods[NATIVE] = native_runner(native, NATIVE_K, target.eos_ids)
     for method, lookup in AUTO.items():
