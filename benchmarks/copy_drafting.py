@@ -55,7 +55,7 @@ def build_prompts(target, per_workload: int) -> tuple[list[tuple[str, str, list[
     return prompts, first_answers
 
 
-def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path | None) -> dict:
+def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path | None, native_peer: bool = True) -> dict:
     started = time.perf_counter()
     router_dir, router_state = router_start(router_dir)
     pool = Pool(n_ctx=4096, n_seq_max=1)
@@ -64,7 +64,8 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
     phases = {"first answers": time.perf_counter() - started}
     methods = {"target alone": static_runner(pool, [TARGET], ())}
     methods.update({m: static_runner(pool, names, ks) for m, (names, ks) in FIXED.items()})
-    native, native_error = open_native(target, n_ctx=4096)  # a document and its answer outgrow 2,048 tokens
+    # a document and its answer outgrow 2,048 tokens
+    native, native_error = open_native(target, n_ctx=4096) if native_peer else (None, "not run (--no-native)")
     if native is not None:
         methods[NATIVE] = native_runner(native, NATIVE_K, target.eos_ids)
     for method, lookup in AUTO.items():
@@ -149,13 +150,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", help="name of the result files (default: copy-drafting-<date>)")
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
+    ap.add_argument("--no-native", action="store_true", help="leave out llama-cpp-python's prompt lookup")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",")]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         ap.error(f"unknown modes {unknown}: use {', '.join(MODES)}")
     result = (json.loads(args.render.read_text()) if args.render is not None
-              else run(args.per_workload, args.max_tokens, modes, args.router_dir))
+              else run(args.per_workload, args.max_tokens, modes, args.router_dir, not args.no_native))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.stem or f"copy-drafting-{result['machine']['date'][:10]}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
