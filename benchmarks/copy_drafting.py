@@ -9,7 +9,9 @@ Methods: the target alone (first and last per prompt and mode, as in the router
 benchmark), fixed chains with the n-gram (4 tokens) and the suffix drafter (16 tokens),
 llama-cpp-python's prompt lookup on the same model file (10 tokens, its default), and
 `auto` with each model-free drafter as its lookup level (one router per drafter for the
-whole run, as a server keeps it; both start as --router-dir says). The MT-Bench first
+whole run, as a server keeps it; both start as --router-dir says; the suffix drafter's
+with a cross-request memory of the default budget, fed by every auto run before, as a
+server's `per-key` memory with one key would be). The MT-Bench first
 answers are the target's own, generated greedily before the runs. Writes
 copy-drafting-<date>.json and .md to benchmarks/results/ (or --out).
 """
@@ -32,6 +34,8 @@ from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.engine import generate
+from specrouter.drafters import MODEL_FREE
+from specrouter.drafters.memory import SuffixMemory
 from specrouter.pool import Pool
 from specrouter.router import auto_router
 
@@ -68,9 +72,13 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
     native, native_error = open_native(target, n_ctx=4096) if native_peer else (None, "not run (--no-native)")
     if native is not None:
         methods[NATIVE] = native_runner(native, NATIVE_K, target.eos_ids)
+    memories = {}
     for method, lookup in AUTO.items():
+        if MODEL_FREE[lookup].remembers:
+            memories[method] = SuffixMemory()
         # Each router its own folder under router_dir: their estimates must not mix.
-        router = auto_router(pool, TARGET, [TARGET], profile_dir=router_dir / lookup, progress=False, lookup=lookup)
+        router = auto_router(pool, TARGET, [TARGET], profile_dir=router_dir / lookup, progress=False, lookup=lookup,
+                             memory=memories.get(method))
         methods[method] = lambda tokens, params, n, router=router: run_routed(router, tokens, params, n)
     runs = compare(methods, prompts, pool, max_tokens, {m: MODES[m] for m in modes}, prefilled=())
     phases["main"] = time.perf_counter() - started - sum(phases.values())
@@ -91,6 +99,8 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
         "summary": summary,
         "ratios": ratio_table(summary),
         "auto_chains": auto_chains(runs),
+        "memory": {m: {"tokens_held": len(mem), "budget": mem.budget, "megabytes": round(mem.nbytes / 2**20, 1)}
+                   for m, mem in memories.items()},
     }
 
 
@@ -137,6 +147,9 @@ def markdown(result: dict) -> str:
     lines += ["", "## Chains auto ran (cycles)", ""]
     for key, chains in result["auto_chains"].items():
         lines.append(f"- {key}: " + ", ".join(f"{c} {n}" for c, n in chains.items()))
+    for method, mem in result.get("memory", {}).items():
+        lines.append(f"\nCross-request memory of {method} at the end: {mem['tokens_held']:,} tokens held of a "
+                     f"{mem['budget']:,}-token budget, {mem['megabytes']} MB (allocated at the start).")
     return "\n".join(lines) + "\n"
 
 

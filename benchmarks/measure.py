@@ -6,6 +6,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from specrouter.drafters.lookup import Found
 from specrouter.drafters.ngram import NGRAM_NAME, NgramDrafter
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -21,7 +22,7 @@ class CountingNgram(NgramDrafter):
         super().__init__()
         self.requested = 0
 
-    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> tuple[list[int], int]:
+    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> Found:
         self.requested += n
         return super().lookup(context, n, committed)
 

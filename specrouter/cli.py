@@ -214,11 +214,15 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port (default 8000).")
 @click.option("--api-key", envvar="SPECROUTER_API_KEY", help="Require `Authorization: Bearer KEY` on /v1 (env SPECROUTER_API_KEY).")
+@click.option("--memory", type=click.Choice(["per-key", "shared", "off"]),
+              help="The suffix lookup's cross-request memory: requests share texts with the same API key (per-key, "
+                   "the default), with all (shared), or none (off).")
+@click.option("--memory-tokens", type=int, help="Tokens the cross-request memory keeps (default 2,000,000).")
 @_profile_option
 @_cache_option
 def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, max_queue,
-              max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, profile_file,
-              cache_dir) -> None:
+              max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, memory, memory_tokens,
+              profile_file, cache_dir) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra)."""
     try:
         from specrouter.server.config import load_config
@@ -232,7 +236,7 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, 
         target=target, chain=chain, lookup=lookup, n_ctx=n_ctx, threads=threads, device=device, max_batch=max_batch,
         max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key,
-        profile=profile_file, cache_dir=cache_dir,
+        memory=memory, memory_tokens=memory_tokens, profile=profile_file, cache_dir=cache_dir,
     )
     serve(config)
 

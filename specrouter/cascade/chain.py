@@ -50,10 +50,11 @@ class CycleObserver(Protocol):
         sampling costs ~0.5 ms, so a verification of 16 proposals pays ~8 ms of it)."""
 
     def on_verify(self, proposer: str, verifier: str, proposals: list[int], q: list | None, p: list,
-                  n_accepted: int, requested: int, match: int = 0) -> None:
+                  n_accepted: int, requested: int, match_class: str | None = None) -> None:
         """`verifier` checked `proposals` (of `requested`); q, p: per-position dists as the cascade
         keeps them (argmax ids under greedy, warped probabilities otherwise; q None for n-gram);
-        match: the suffix-match length behind an n-gram draft (0 for a model's). It is the
+        match_class: the class of the lookup match behind a model-free draft (None for a
+        model's). It is the
         evidence of this very block: a proposer keeps no state between drafting and verifying
         (in a batch other requests draft in between)."""
 
@@ -318,5 +319,5 @@ class CycleRunner:
                 n_below = len(proposals)
             if self.observer is not None and n_below > 0:
                 self.observer.on_verify(self.chain.levels[i - 1].name, self.chain.levels[i].name,
-                                        proposals, q, p, n_acc, n_below, draft.match)
+                                        proposals, q, p, n_acc, n_below, draft.match_class)
         return proposals[:n_acc] + [nxt], p[: n_acc + 1]

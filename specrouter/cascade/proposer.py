@@ -34,8 +34,8 @@ class Draft:
     #: Per token, the distribution it was drawn from as the cascade keeps it (argmax id under
     #: greedy, warped probabilities otherwise); None for a deterministic proposer (q one-hot).
     dists: list | None
-    #: A lookup draft's suffix-match length (0: a model's draft, or no match).
-    match: int = 0
+    #: A lookup draft's match class (LookupDrafter.match_class; None: a model's draft, or no match).
+    match_class: str | None = None
     #: A model draft's confidence per token, when its length policy asked for them.
     confidences: tuple[float, ...] = ()
     #: Its length policy ended it before the length it was asked for (its end is then no

@@ -1,20 +1,34 @@
-"""What every model-free drafter shares: the Proposer methods around a lookup."""
+"""What every model-free drafter shares: the Proposer methods around a lookup, and the
+match classes its acceptance is learned per."""
 
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from specrouter.cascade.proposer import Draft, Drafting, cut_after_eos
+from specrouter.errors import InvalidParameterError
+
+
+@dataclass(frozen=True)
+class Found:
+    """A lookup's proposal and its evidence: the length of the suffix match behind it, and
+    whether it was found in the cross-request memory (another request's text) rather than
+    in the request's own."""
+
+    tokens: list[int]
+    match: int = 0  # 0: no match, no tokens
+    remembered: bool = False
 
 
 class LookupDrafter:
     """A deterministic Proposer (q one-hot) that drafts by looking tokens up, no forward.
     A subclass names itself (`name`), states the seconds of one lookup before any is timed
-    (`LOOKUP_SECONDS`), the match classes its acceptance is learned per (`match_classes`)
-    and the longest draft worth asking of it (`longest`), and implements `lookup`; its
-    evidence is the match length."""
+    (`LOOKUP_SECONDS`), the match classes its acceptance is learned per (`match_classes`,
+    and `memory_classes` for matches in the cross-request memory) and the longest draft
+    worth asking of it (`longest`), and implements `lookup`."""
 
     name: str
     params_b = 0.0
@@ -22,25 +36,42 @@ class LookupDrafter:
     #: Match lengths that open a class: a match of length m belongs to the largest one <= m
     #: (a longer match predicts its continuation better; classes keep the estimates apart).
     match_classes: tuple[int, ...] = (1,)
+    #: The same for matches in the cross-request memory (empty: the drafter has none).
+    memory_classes: tuple[int, ...] = ()
     #: The longest draft the router may ask of it.
     longest: int = 24
+    #: It can read a cross-request memory (with_memory).
+    remembers: bool = False
 
-    def match_class(self, match: int) -> int:
-        """The class of a match of this length (>= 1)."""
-        return max(c for c in self.match_classes if c <= max(match, self.match_classes[0]))
+    @property
+    def classes(self) -> list[str]:
+        """Every class label match_class can return."""
+        return [str(c) for c in self.match_classes] + [f"m{c}" for c in self.memory_classes]
 
-    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> tuple[list[int], int]:
-        """Up to n tokens following the context and the length of the match behind them
-        (0: none); the first `committed` tokens (default: all) are never rolled back."""
+    def match_class(self, found: Found) -> str:
+        """The label of a match's class: its length's class ("4"), prefixed with "m" when it
+        was found in the memory ("m16"), learned apart from the request's own text."""
+        classes = self.memory_classes if found.remembered else self.match_classes
+        size = max(c for c in classes if c <= max(found.match, classes[0]))
+        return f"m{size}" if found.remembered else str(size)
+
+    def with_memory(self, memory, scope) -> LookupDrafter:
+        """This drafter reading (and its router feeding) a cross-request memory (memory.py)."""
+        raise InvalidParameterError(f"the {self.name} drafter has no cross-request memory: use the suffix drafter")
+
+    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> Found:
+        """Up to n tokens following the context, with the match behind them; the first
+        `committed` tokens (default: all) are never rolled back."""
         raise NotImplementedError
 
     def draft(self, context: list[int], n: int, drafting: Drafting) -> Generator[object, np.ndarray, Draft]:
-        """The Proposer method: lookup's tokens (cut after EOS) with its match length."""
+        """The Proposer method: lookup's tokens (cut after EOS) with their match class."""
         start = drafting.clock()
-        tokens, match = self.lookup(context, n, drafting.committed)
+        found = self.lookup(context, n, drafting.committed)
         drafting.lookup_took(drafting.clock() - start)
-        return Draft(cut_after_eos(tokens, drafting.eos_ids), None, match)
+        return Draft(cut_after_eos(found.tokens, drafting.eos_ids), None,
+                     self.match_class(found) if found.match else None)
         yield  # a generator (the Proposer protocol) that yields no forward
 
     def feedback(self, draft: Draft, n_accepted: int) -> None:
-        """Nothing to learn here: the router learns acceptance per match length (on_verify)."""
+        """Nothing to learn here: the router learns acceptance per match class (on_verify)."""

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specrouter.drafters.lookup import LookupDrafter
+from specrouter.drafters.lookup import Found, LookupDrafter
 
 NGRAM_NAME = "ngram"
 
@@ -30,22 +30,22 @@ class NgramDrafter(LookupDrafter):
 
         Longer n-grams first: a longer matching suffix predicts its continuation better.
         """
-        return self.lookup(context, n)[0]
+        return self.lookup(context, n).tokens
 
-    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> tuple[list[int], int]:
-        """propose()'s tokens and the length of the suffix match behind them (0: none); the
+    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> Found:
+        """propose()'s tokens and the length of the suffix match behind them; the
         whole context is searched each time (nothing is indexed: `committed` is unused). The
         router estimates acceptance per match length: on HumanEval's canonical solutions a
         1-token match predicted the next token 23% of the time, a 4-token one 60%."""
         if n <= 0 or len(context) < 2:
-            return [], 0
+            return Found([])
         arr = np.asarray(context, dtype=np.int64)
         last = len(arr) - 1
         # Earlier occurrences of the last token (each has a token after it), then how far
         # back each agrees with the suffix: one pass over the context, not one per size.
         ends = np.flatnonzero(arr[:-1] == arr[-1])
         if not ends.size:
-            return [], 0
+            return Found([])
         longest = min(self.max_ngram, last)
         agree = np.ones(ends.size, dtype=bool)
         length = np.ones(ends.size, dtype=np.int64)
@@ -56,6 +56,6 @@ class NgramDrafter(LookupDrafter):
             length += agree
         size = int(length.max())
         if size < self.min_ngram:
-            return [], 0
+            return Found([])
         start = int(ends[length >= size][-1]) + 1
-        return arr[start : start + n].tolist(), size
+        return Found(arr[start : start + n].tolist(), size)

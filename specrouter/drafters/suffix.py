@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specrouter.drafters.lookup import LookupDrafter
+from specrouter.drafters.lookup import Found, LookupDrafter
+from specrouter.drafters.memory import GRAM, OPTED_OUT, MemoryScope, SuffixMemory
 
 #: Occurrences voted over: the latest ones (a 1-token match of a common token has hundreds).
 MAX_CANDIDATES = 32
@@ -180,12 +181,14 @@ def _at(context: Sequence[int], proposed: list[int], pos: int) -> int:
 
 
 class SuffixDrafter(LookupDrafter):
-    """A Proposer over the request's own tokens (prompt + committed output): proposes what
-    followed the longest earlier occurrence of the context's suffix, as long as the
-    occurrences support it. Its index grows with the committed tokens (Drafting.committed);
-    the tentative tokens of a cycle are read as a tail, never indexed. Evidence: the
-    match length (Draft.match). Keeps one index: give each request its own drafter (a
-    drafter shared by requests that alternate rebuilds its index at every switch)."""
+    """A Proposer over the request's own tokens (prompt + committed output), and over the
+    process's cross-request memory when it has one (with_memory): proposes what followed
+    the longest earlier occurrence of the context's suffix, as long as the occurrences
+    support it; a match in the memory is used when it is longer than the request's own, and
+    is classed apart ("m16": another request's text is another bet). Its index grows with
+    the committed tokens (Drafting.committed); the tentative tokens of a cycle are read as a
+    tail, never indexed. Keeps one index: give each request its own drafter (a drafter
+    shared by requests that alternate rebuilds its index at every switch)."""
 
     name = "suffix"
     #: Seconds of one lookup before any is timed.
@@ -194,15 +197,26 @@ class SuffixDrafter(LookupDrafter):
     match_classes = (1, 2, 3, 4, 8, 16, 32)
     #: A copied stretch is proposed as one block, not a few tokens at a time.
     longest = 64
+    remembers = True
 
     def __init__(self) -> None:
         self.index = SuffixIndex()
+        self.memory: SuffixMemory | None = None
+        self.scope = OPTED_OUT
 
-    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> tuple[list[int], int]:
-        """Up to n tokens and the match length behind them; the first `committed` tokens of
-        the context (default: all) are indexed."""
+    def with_memory(self, memory: SuffixMemory, scope: MemoryScope) -> SuffixDrafter:
+        """Read `memory` in `scope` too (its matches are at least GRAM tokens long)."""
+        self.memory, self.scope = memory, scope
+        self.memory_classes = tuple(c for c in self.match_classes if c >= GRAM)
+        return self
+
+    def lookup(self, context: Sequence[int], n: int, committed: int | None = None) -> Found:
+        """Up to n tokens and the match behind them; the first `committed` tokens of the
+        context (default: all) are indexed."""
         self.index.sync(context if committed is None else context[:committed])
-        found = self.index.propose(context, n)
-        return found.tokens, found.match
-
-
+        own = self.index.propose(context, n)
+        if self.memory is not None and self.scope.enabled:
+            recalled = self.memory.propose(context, n, self.scope)
+            if recalled.match > own.match:
+                return Found(recalled.tokens, recalled.match, remembered=True)
+        return Found(own.tokens, own.match)

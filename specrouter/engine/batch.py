@@ -19,6 +19,7 @@ import numpy as np
 
 from specrouter.cascade.chain import Chain, EvalRequest, execute
 from specrouter.cascade.sampling import SamplingParams
+from specrouter.drafters.memory import MemoryScope
 from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
 from specrouter.engine.speculation import Speculation, check_chain
 from specrouter.errors import InvalidParameterError
@@ -31,6 +32,8 @@ class SeqRequest:
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)
     speculation: Speculation | None = None  # None: the scheduler's default
+    #: The request's part of the cross-request suffix memory (OPTED_OUT: none).
+    memory: MemoryScope = field(default_factory=MemoryScope)
 
 
 @dataclass
@@ -236,6 +239,6 @@ def pool_planner(pool, target: str, router=None, default: Speculation = Speculat
             return pool.chain(list(spec.chain), list(spec.draft_lengths) or None)
         if router is None:
             return pool.chain([target], [])  # no router configured: auto means the target alone
-        return router.session()
+        return router.session(request.memory)
 
     return plan

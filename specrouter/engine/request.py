@@ -139,7 +139,7 @@ class FixedChain:
     def on_rows(self, level: str, rows: int, seconds: float) -> None:
         pass
 
-    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match=0) -> None:
+    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match_class=None) -> None:
         pass
 
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:

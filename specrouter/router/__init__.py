@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from specrouter.drafters.memory import SuffixMemory
 from specrouter.drafters.ngram import NGRAM_NAME
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator
@@ -25,10 +26,12 @@ __all__ = ["AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "Onlin
 
 
 def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir: Path | None = None,
-                progress: bool = True, profile_file: Path | None = None, lookup: str = NGRAM_NAME) -> Router:
+                progress: bool = True, profile_file: Path | None = None, lookup: str = NGRAM_NAME,
+                memory: SuffixMemory | None = None) -> Router:
     """The router `--chain auto` uses: `target` (default: the last, i.e. largest, of the
     candidates) and every candidate that shares its tokenizer, plus the model-free level
-    `lookup` (a name in specrouter.drafters.MODEL_FREE).
+    `lookup` (a name in specrouter.drafters.MODEL_FREE), reading and feeding `memory` (the
+    process's cross-request suffix memory; None: none).
     Costs come from `profile_file` for the models it names (a saved or GPU profile), else
     from the cached profile (measured now where missing or stale); acceptance estimates
     from earlier runs are loaded (and saved back by Router.save_estimates)."""
@@ -44,7 +47,7 @@ def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir
     store = RouterStore(directory)
     acceptance.load(store.estimates_file)
     router = build_router(model, others, acceptance=acceptance, costs=lambda models: OnlineCosts(
-        load_or_profile(models, directory, progress=progress, given=given)), lookup=lookup)
+        load_or_profile(models, directory, progress=progress, given=given)), lookup=lookup, memory=memory)
     store.profiled = [m for m in router.models if given is None or m.name not in given.tables]
     router.store = store
     return router

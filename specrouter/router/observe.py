@@ -21,7 +21,7 @@ cycle also waits for the other sequences' calls).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from specrouter.router.acceptance import AcceptanceEstimator, pair_score
 from specrouter.router.plan import match_key
@@ -35,11 +35,9 @@ class CycleLearner:
     """The observing half of one router session."""
 
     def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str,
-                 lookup: str | None = None, match_class: Callable[[int], int] = int) -> None:
-        """lookup: the model-free level (None: none), filed per match class (match_class of
-        the match length)."""
+                 lookup: str | None = None) -> None:
+        """lookup: the model-free level (None: none), filed per match class (the Draft's)."""
         self.acceptance, self.costs, self.target, self.lookup = acceptance, costs, target, lookup
-        self.match_class = match_class
         self.row_kind = "greedy"
         self.overhead = 0.0
         self.begin(None, None)
@@ -66,14 +64,14 @@ class CycleLearner:
         self._rows_seconds += seconds
 
     def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int,
-                  match: int = 0) -> None:
+                  match_class: str | None = None) -> None:
         key = proposer
         lookup = proposer == self.lookup
         if lookup:
             # Filed under the match class of the lookup that drafted this block (every block a
             # middle level asks of it has its own). A block it found nothing for ends like a
             # rejection: the cycle's class pays (its fill).
-            key = match_key(proposer, self.match_class(match)) if match else self._ngram_class
+            key = match_key(proposer, match_class) if match_class else self._ngram_class
         if key is not None:
             self.acceptance.observe(key, verifier, proposals, q, p, requested, n_accepted)
         if not lookup and proposer not in self._first_row and q:

@@ -47,10 +47,10 @@ class Rates(Enum):
     BOLD = "bold"  # the guard to leave it
 
 
-def match_key(lookup: str, size: int) -> str:
-    """The estimator's name of the model-free level `lookup` when its suffix match has this
-    length (its acceptance is kept per match length: a longer match predicts better)."""
-    return f"{lookup}#{size}"
+def match_key(lookup: str, cls: str | int) -> str:
+    """The estimator's name of the model-free level `lookup` when its match is of class `cls`
+    (LookupDrafter.match_class: its acceptance is kept per class, a longer match predicts better)."""
+    return f"{lookup}#{cls}"
 
 
 def level_key(name: str, cls: str | None, lookup: str | None) -> str:

@@ -64,6 +64,7 @@ from collections.abc import Mapping, Sequence
 
 from specrouter.backends.base import Backend
 from specrouter.drafters import MODEL_FREE
+from specrouter.drafters.memory import MemoryScope, SuffixMemory
 from specrouter.drafters.ngram import NGRAM_NAME
 from specrouter.cascade.chain import Chain, Level
 from specrouter.cascade.sampling import SamplingParams
@@ -112,11 +113,15 @@ class Router:
         *,
         shared_stop: ConfidenceStop | None = None,
         lookup: str = NGRAM_NAME,
+        memory: SuffixMemory | None = None,
+        scope: MemoryScope = MemoryScope(),
     ) -> None:
         """use_ngram: route a model-free level too, the drafter `lookup` names (MODEL_FREE);
         confidence_stop: a model drafting for the
         target may end its draft on its confidence; shared_stop: that rule's calibration is
-        shared with this stop's (a session: see session())."""
+        shared with this stop's (a session: see session()); memory: the cross-request suffix
+        memory every session reads and feeds (drafters/memory.py; the lookup must be one that
+        reads it), in `scope` (a session's request: its partition, or opted out)."""
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
@@ -124,6 +129,10 @@ class Router:
             raise InvalidParameterError(f"unknown model-free drafter {lookup!r}: use one of {', '.join(MODEL_FREE)}")
         #: The session's own model-free drafter (its evidence travels with its draft).
         self.lookup_drafter = MODEL_FREE[lookup]() if use_ngram else None
+        #: The process's cross-request memory and this session's request's part of it.
+        self.memory, self.scope = memory, scope
+        if memory is not None and self.lookup_drafter is not None:
+            self.lookup_drafter.with_memory(memory, scope)
         #: The model-free level's name (None: none is routed).
         self.lookup = self.lookup_drafter.name if self.lookup_drafter else None
         self.costs = costs
@@ -143,30 +152,29 @@ class Router:
         match_keys = []
         if self.lookup_drafter:
             self._levels[self.lookup_drafter.name] = self.lookup_drafter
-            match_keys = [match_key(self.lookup_drafter.name, c) for c in self.lookup_drafter.match_classes]
+            match_keys = [match_key(self.lookup_drafter.name, c) for c in self.lookup_drafter.classes]
         self.planner = Planner(self.acceptance, costs, target.name, self.grid, [m.name for m in self.drafts],
                                self.lookup, match_keys, self.lookup_grid)
         self._chain_objs: dict[ChainSpec, Chain] = {}
         self.elapsed = self.probe_spent = 0.0  # seconds of cycles (global), of which probes' extra
         self.decisions: list[Decision] = []
         self.current: ChainSpec | None = None
-        self.learner = CycleLearner(self.acceptance, costs, target.name, self.lookup,
-                                    self.lookup_drafter.match_class if self.lookup_drafter else int)
+        self.learner = CycleLearner(self.acceptance, costs, target.name, self.lookup)
         #: Sequences that advance together (set by the batch scheduler before choose): every
         #: forward then carries this many sequences' tokens, so it is costed at batch x n tokens.
         self.batch_size = 1
         self.start(SamplingParams())
 
-    def session(self) -> Router:
+    def session(self, scope: MemoryScope = MemoryScope()) -> Router:
         """A router for one request of many running at once, built afresh, never copied: its
         own per-request state (plan, decisions, current chain, probe budget, per-request
-        acceptance, chain objects carrying its own draft stop), and the objects every request
-        shares: the models, the cost model, the global acceptance estimates (a view) and the
-        draft stop's calibration."""
+        acceptance, chain objects carrying its own draft stop, its request's memory scope),
+        and the objects every request shares: the models, the cost model, the global
+        acceptance estimates (a view), the draft stop's calibration and the memory."""
         return Router(self.target, self.drafts, self.costs, self.acceptance.view(), self.lookup_drafter is not None,
                       self.grid, self.hysteresis, self.explore_fraction, self.message,
                       self.draft_stop is not None, shared_stop=self.draft_stop,
-                      lookup=self.lookup or NGRAM_NAME)
+                      lookup=self.lookup or NGRAM_NAME, memory=self.memory, scope=scope)
 
     @property
     def chains(self) -> list[tuple[str, ...]]:
@@ -211,9 +219,14 @@ class Router:
         self._probe: tuple[ChainSpec, float] | None = None
         self.decisions = []  # per request
         self._ngram_key: str | None = None  # the match class of this cycle's n-gram lookup (None: no match)
+        self._output: list[int] = []  # what the request's cycles emitted (for the memory)
 
     def finish(self) -> None:
-        """End of a request (nothing to release: estimates stay for the next one)."""
+        """End of a request: its output joins the cross-request memory (in its scope: nowhere
+        when it opted out); estimates stay for the next request."""
+        if self.memory is not None:
+            self.memory.add(self._output, self.scope)
+        self._output = []
 
     def save_estimates(self) -> None:
         """Persist what was learned (RouterStore.save): the next run starts informed."""
@@ -235,16 +248,17 @@ class Router:
         x, self._ngram_key = None, None
         if self.lookup_drafter is not None and context is not None:
             free = self.lookup_drafter
-            x, size = free.lookup(context, max(self.lookup_grid))
-            x, self._ngram_key = (x, match_key(free.name, free.match_class(size))) if x else (None, None)
+            found = free.lookup(context, max(self.lookup_grid))
+            if found.tokens:
+                x, self._ngram_key = found.tokens, match_key(free.name, free.match_class(found))
         self.learner.begin(x, self._ngram_key)
         self._cycle += 1
         self.planner.refresh(room, self.batch_size, self._row_kind, self._cycle, now=self._probe is not None)
         best_plans, optimistic = self.planner.plans(self._ngram_key)
         ranked = sorted((self._score(s, position, room, cached) for s in best_plans.values()), key=lambda s: s.score)
         alone = next(s for s in ranked if len(s.spec.names) == 1)
-        for s in ranked:
-            self._check_sure(s, alone, room)
+        ranked = sorted((self._robust(self._check_sure(s, alone, room), alone, room) for s in ranked),
+                        key=lambda s: s.score)
         best = next(s for s in ranked if s.sure)
         reason = "start"
         chosen = best
@@ -309,6 +323,23 @@ class Router:
             s.cautious = self._plan.predict(s.spec, Rates.CAUTIOUS, r, self._ngram_key).seconds_per_token + s.catch_up_per_token
             s.sure = s.cautious < alone.score
         return s
+
+    def _robust(self, s: Scored, alone: Scored, room: int) -> Scored:
+        """A chain that beats the target alone on its estimate but not for sure at its lengths,
+        at the lengths that are best at the cautious acceptance, where it is sure there: what
+        is barely known is drafted short (a suffix class seen right 8 times of 8 is not yet
+        worth a 64-token block at a 0.7 lower bound, but is worth 4 tokens), and its lengths grow
+        as its estimates firm up. Scored at its estimate at those lengths."""
+        if s.sure or s.score >= alone.score:
+            return s
+        robust = self._plan.best_lengths(s.spec.names, Rates.CAUTIOUS, None, self._ngram_key)
+        cautious = robust.prediction.seconds_per_token + s.catch_up_per_token
+        if robust.spec == s.spec or cautious >= alone.score:
+            return s
+        r = room if room <= self.longest else None
+        prediction = self._plan.predict(robust.spec, room=r, cls=self._ngram_key)
+        return Scored(robust.spec, prediction, s.catch_up, prediction.seconds_per_token + s.catch_up_per_token,
+                      cautious, True)
 
     def _current_family(self, ranked: list[Scored], alone: Scored, position: int, room: int,
                         cached: Mapping[str, int]) -> Scored | None:
@@ -384,12 +415,13 @@ class Router:
         self.learner.on_rows(level, rows, seconds)
 
     def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int,
-                  match: int = 0) -> None:
-        self.learner.on_verify(proposer, verifier, proposals, q, p, n_accepted, requested, match)
+                  match_class: str | None = None) -> None:
+        self.learner.on_verify(proposer, verifier, proposals, q, p, n_accepted, requested, match_class)
 
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
         """After a cycle: what the target emitted and how long the cycle took."""
         self.elapsed += seconds
+        self._output += new_tokens
         if self._probe is not None:
             spec, best_rate = self._probe
             # A probe that did better than the choice refunds nothing: counted net, the gains of

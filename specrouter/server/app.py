@@ -10,6 +10,7 @@ cancels its sequence, which frees the sequence's KV state at once.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import secrets
 import time
@@ -27,6 +28,7 @@ from starlette.exceptions import HTTPException
 
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
+from specrouter.drafters.memory import OPTED_OUT, MemoryScope
 from specrouter.engine.batch import SeqRequest
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
@@ -119,6 +121,15 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
         if key is not None and (creds is None or not secrets.compare_digest(creds.credentials.encode(), key.encode())):
             raise APIError(401, "missing or wrong API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
 
+    def memory_scope(body, creds: HTTPAuthorizationCredentials | None) -> MemoryScope:
+        """The request's part of the cross-request memory: none when it or the server opts out;
+        with `per-key`, the texts of requests that presented the same key (a digest of it)."""
+        if not body.suffix_memory or config.memory == "off":
+            return OPTED_OUT
+        if config.memory == "shared" or creds is None:
+            return MemoryScope()
+        return MemoryScope(hashlib.sha256(creds.credentials.encode()).hexdigest())
+
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)], responses=_ERRORS)
     model = service.model_name
 
@@ -129,7 +140,8 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
     async def generate(body, request: Request, tokens: list[int], max_tokens: int, prefix: str, chunks, whole):
         """Submit, then stream chunks(...) or answer whole(id, created, result)."""
         speculation = body.engine_speculation(service.levels, config.served)
-        handle = await service.submit(_seq_request(body, tokens, max_tokens, speculation))
+        creds = await bearer(request)
+        handle = await service.submit(_seq_request(body, tokens, max_tokens, speculation, memory_scope(body, creds)))
         ident, created = f"{prefix}-{handle.id}", int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -192,12 +204,13 @@ def _check_model(requested: str, served: str) -> None:
 
 
 def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: list[int], max_tokens: int,
-                 speculation: Speculation | None) -> SeqRequest:
+                 speculation: Speculation | None, memory: MemoryScope) -> SeqRequest:
     # Below 1e-5 the warped distribution is the argmax up to exact ties: such temperatures
     # are greedy (as in vLLM).
     temperature = body.temperature if body.temperature >= _MIN_TEMPERATURE else 0.0
     params = SamplingParams(temperature=temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
-    return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list, speculation=speculation)
+    return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list, speculation=speculation,
+                      memory=memory)
 
 
 async def _result_unless_disconnected(handle: Handle, request: Request) -> GenerationResult | None:

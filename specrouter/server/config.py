@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from specrouter.drafters import MODEL_FREE
+from specrouter.drafters.memory import DEFAULT_BUDGET, SuffixMemory
 from specrouter.engine.request import check_max_tokens
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError
@@ -45,6 +46,17 @@ class ServeConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = Field(None, description="require `Authorization: Bearer <key>` on /v1")
+    memory: Literal["per-key", "shared", "off"] = Field(
+        "per-key", description="the cross-request suffix memory of the suffix lookup: requests read and feed the "
+                               "texts of requests with the same API key (per-key), of all (shared), or none (off)")
+    memory_tokens: int = Field(DEFAULT_BUDGET, description="tokens the memory keeps (~24-32 bytes each, allocated "
+                                                           "at start); the oldest are evicted")
+
+    @field_validator("memory_tokens", mode="before")
+    @classmethod
+    def _check_memory_tokens(cls, value: Any) -> Any:
+        SuffixMemory.check_budget(value)
+        return value
 
     @field_validator("max_tokens", mode="before")
     @classmethod
@@ -74,6 +86,12 @@ class ServeConfig(BaseModel):
     def levels(self) -> list[str]:
         """What a chain may name: the model-free drafters and the pool."""
         return [*MODEL_FREE, *self.models]
+
+    def suffix_memory(self) -> SuffixMemory | None:
+        """The memory `auto` routes with: none when it is off or the lookup cannot read one."""
+        if self.memory == "off" or not MODEL_FREE[self.lookup].remembers:
+            return None
+        return SuffixMemory(self.memory_tokens)
 
     def default_speculation(self) -> Speculation:
         """`chain` and `draft_lengths` as the engine's type (raises InvalidParameterError)."""

@@ -20,7 +20,8 @@ def serve(config: ServeConfig) -> None:
     pool = Pool(cache_dir=config.cache_dir, n_ctx=config.n_ctx, n_threads=config.threads,
                 n_seq_max=config.max_batch, device=config.device)
     try:
-        router = auto_router(pool, config.served, config.models, profile_file=config.profile, lookup=config.lookup)
+        router = auto_router(pool, config.served, config.models, profile_file=config.profile, lookup=config.lookup,
+                             memory=config.suffix_memory())
         if router.message:
             click.echo(f"note: {router.message}", err=True)
         default = config.default_speculation()

@@ -1,7 +1,8 @@
 """Request and response bodies of the HTTP API: OpenAI's shapes plus one extension.
 
-The extension is `speculation` on a request ("auto", "off", or a fixed chain with draft
-lengths) and `usage.speculation` on a response (what that request's chain did). Fields
+The extensions are `speculation` on a request ("auto", "off", or a fixed chain with draft
+lengths), `suffix_memory` on a request (false: opt out of the cross-request memory), and
+`usage.speculation` on a response (what that request's chain did). Fields
 of OpenAI's API that the engine cannot honour (logprobs, n > 1, penalties...) are not
 declared: unknown fields are ignored, as OpenAI-compatible servers commonly do.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
@@ -52,6 +53,8 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculation: SpeculationField | None = Field(None, description="default: the server's chain setting")
+    suffix_memory: StrictBool = Field(True, description="false: this request is neither drafted from the server's "
+                                                        "cross-request suffix memory nor added to it (extension)")
 
     @property
     def stop_list(self) -> list[str]:

@@ -92,7 +92,7 @@ class ScriptedRouter:
     def on_rows(self, level, rows, seconds):
         pass
 
-    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match=0):
+    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match_class=None):
         pass
 
     def end_cycle(self, new_tokens, seconds):

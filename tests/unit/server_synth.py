@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import uvicorn
 
 from specrouter.drafters import MODEL_FREE
+from specrouter.drafters.memory import SuffixMemory
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -57,10 +58,13 @@ class SynthPool:
 
 
 def build_service(sleep: bool = False, max_batch: int = 4, max_queue: int = 16,
-                  request_timeout: float | None = None, routed: bool = True) -> tuple[Service, list[SyntheticBackend]]:
+                  request_timeout: float | None = None, routed: bool = True,
+                  memory: SuffixMemory | None = None) -> tuple[Service, list[SyntheticBackend]]:
+    """With a memory, `auto` routes the suffix lookup reading it (else the n-gram)."""
     models = family(sleep)
     small, mid, target = models
-    router = make_router(target, [small, mid]) if routed else None
+    lookup = "ngram" if memory is None else "suffix"
+    router = make_router(target, [small, mid], lookup=lookup, memory=memory) if routed else None
     plan = pool_planner(SynthPool(models), MODEL, router, Speculation())
     service = Service(BatchScheduler(plan, max_batch), target, LEVELS, max_queue, request_timeout)
     return service, models

@@ -1,3 +1,4 @@
+from specrouter.drafters.lookup import Found
 from specrouter.drafters.ngram import NgramDrafter
 
 
@@ -7,7 +8,7 @@ def test_proposes_continuation_of_latest_occurrence_of_longest_suffix():
     assert d.propose([1, 2, 5, 1, 2, 9, 8, 7, 1, 2], 2) == [9, 8]
     # the 3-gram [7, 1, 2] beats the 2-gram
     assert d.propose([7, 1, 2, 4, 4, 1, 2, 6, 7, 1, 2], 2) == [4, 4]
-    assert d.lookup([7, 1, 2, 4, 4, 1, 2, 6, 7, 1, 2], 2) == ([4, 4], 3)  # and says how long the match was
+    assert d.lookup([7, 1, 2, 4, 4, 1, 2, 6, 7, 1, 2], 2) == Found([4, 4], 3)  # and says how long the match was
 
 
 def test_proposes_nothing_without_a_match():
@@ -46,5 +47,5 @@ def test_matches_the_definition_on_random_contexts():
         n = rng.randrange(0, 10)
         expected = _reference(context, n, max_ngram, min_ngram) if n > 0 and len(context) >= 2 else ([], 0)
         drafter = NgramDrafter(max_ngram, min_ngram)
-        assert drafter.lookup(context, n) == expected, (context, n, max_ngram, min_ngram)
+        assert drafter.lookup(context, n) == Found(*expected), (context, n, max_ngram, min_ngram)
         assert drafter.propose(context, n) == expected[0]

@@ -7,6 +7,7 @@ import pytest
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
+from specrouter.drafters.memory import OPTED_OUT, MemoryScope, SuffixMemory
 from specrouter.errors import InvalidParameterError
 from specrouter.router.plan import match_key
 from specrouter.router.scheduler import DRAFT_GRID, LOOKUP_GRID
@@ -62,3 +63,43 @@ def test_the_greedy_output_of_a_suffix_router_matches_over_seeds():
         _, routed = seconds_per_token(make_router(target, [], lookup="suffix"), [target], SamplingParams(), 80,
                                       prompt=prompt)
         assert routed.token_ids == alone.token_ids
+
+
+def memory_router(memory):
+    """A target whose greedy text seldom repeats itself within a request (order 2 over 64
+    tokens), read through a router with a cross-request memory."""
+    target = SyntheticBackend("t", vocab=64, scale=4.0, latency=linear(0.05, 0.004), params_b=7)
+    return target, make_router(target, [], lookup="suffix", memory=memory)
+
+
+def test_a_second_request_copies_the_first_ones_answer_from_the_memory():
+    memory = SuffixMemory(10_000)
+    target, router = memory_router(memory)
+    first_time, first = seconds_per_token(router.session(), [target], SamplingParams(), 120)
+    assert memory.total == len(first.token_ids) + 1  # the output (and its separator), not the prompt
+    second_time, second = seconds_per_token(router.session(), [target], SamplingParams(), 120)
+    assert second.token_ids == first.token_ids
+    remembered = {p for (_, p, _) in router.acceptance.global_ if p.startswith("suffix#m")}
+    assert remembered and remembered <= {match_key("suffix", f"m{c}") for c in (4, 8, 16, 32)}
+    assert max(ks[0] for names, ks in second.chains_used if names == ["suffix", "t"]) >= 32
+    assert second_time < 0.5 * first_time
+
+
+def test_partitions_and_opted_out_requests_keep_their_text_to_themselves():
+    memory = SuffixMemory(10_000)
+    target, router = memory_router(memory)
+    _, secret = seconds_per_token(router.session(MemoryScope("key-a")), [target], SamplingParams(), 60)
+    held = memory.total
+    for scope in (MemoryScope("key-b"), OPTED_OUT):
+        session = router.session(scope)
+        _, again = seconds_per_token(session, [target], SamplingParams(), 60)
+        assert again.token_ids == secret.token_ids
+        # nothing of key-a's text was proposed: no cycle drafted from the memory
+        assert not [p for (p, _) in session.acceptance.request if p.startswith("suffix#m")]
+    assert memory.total == held + len(secret.token_ids) + 1  # key-b's answer joined; the opted-out one did not
+    assert memory.propose(secret.token_ids[:10], 5, MemoryScope("key-b")).tokens == secret.token_ids[10:15]
+
+
+def test_a_memory_needs_a_drafter_that_reads_it():
+    with pytest.raises(InvalidParameterError, match="the ngram drafter has no cross-request memory: use the suffix drafter"):
+        make_router(repeating_target(), [], lookup="ngram", memory=SuffixMemory(100))

@@ -38,7 +38,7 @@ def test_each_request_files_ngram_acceptance_under_its_own_match_class():
 
         def spy_observe(proposer, verifier, proposals, q, p, requested, n_accepted):
             if proposer.startswith(NGRAM_NAME):
-                filed[rid].append((proposer, match_key("ngram", lookup.lookup(contexts[-1], 1)[1])))
+                filed[rid].append((proposer, match_key("ngram", lookup.lookup(contexts[-1], 1).match)))
             observe(proposer, verifier, proposals, q, p, requested, n_accepted)
 
         session.choose, session.acceptance.observe = spy_choose, spy_observe

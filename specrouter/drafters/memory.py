@@ -1,0 +1,204 @@
+"""Cross-request suffix memory: a bounded store of the texts a process's requests wrote,
+shared by all of them, that proposes what followed an earlier occurrence of a context's
+suffix in another request's text (SuffixDecoding's global tree, Oliaro et al. 2024, as a
+hash-chain index: agents and templated work write the same stretches request after request).
+
+Store: a ring of the last `budget` tokens added (each text followed by a separator slot),
+every slot with the partition of its text (a request reads and feeds only its own
+partition: the API key's, or one shared by all). Index: LZ77's hash chains (as in zlib's
+match finder) over windows of GRAM tokens: head[h] is the latest position whose window
+(the GRAM tokens ending there, inside one text) hashes to h, prev[p] the previous position
+with the same hash as p. The hash covers the partition too, so a chain seldom crosses
+partitions; every candidate is verified (its tokens and its partition). Positions are
+absolute and never reused: one older than the newest minus the capacity has been evicted
+(its slot now holds a newer token), and a chain walk stops there, so eviction costs
+nothing beyond overwriting the ring.
+
+Query: the context's last GRAM tokens hashed and the chain walked (at most MAX_WALK
+positions, latest first); each verified candidate's match is how far back its text agrees
+with the context (at most MAX_MATCH); the candidates of the longest match (at most
+MAX_CANDIDATES) vote the continuation as the request's own index does (suffix.py: the
+token most of them continue with, a tie to the latest), a continuation ending with its text.
+
+Memory: per slot a token (4 bytes), a chain link (8) and a partition id (4), plus 8 bytes
+per head-table entry (a power of two >= the capacity): ~24-32 bytes per token of budget,
+allocated up front (the default 2,000,000 tokens: ~48-64 MB). Thread-safe: one lock
+around add and propose.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specrouter.errors import InvalidParameterError
+
+#: Tokens kept by default (the oldest are evicted beyond it).
+DEFAULT_BUDGET = 2_000_000
+#: Window length of the hash chains: a memory match is at least this long (a shorter match
+#: into another request's text predicts little).
+GRAM = 4
+MAX_WALK = 256  # chain positions visited per query
+MAX_MATCH = 64  # how far back a candidate's agreement is measured
+MAX_CANDIDATES = 32  # the latest candidates of the longest match vote
+_SEPARATOR = -1
+_MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
+
+
+@dataclass(frozen=True)
+class MemoryScope:
+    """What part of the memory a request reads and feeds: its partition (requests of one
+    partition share their texts; "" is the one every request without a key shares), or
+    none at all (`enabled` False: a request that opted out is neither proposed from the
+    memory nor added to it)."""
+
+    partition: str = ""
+    enabled: bool = True
+
+
+#: The scope of a request that opted out.
+OPTED_OUT = MemoryScope(enabled=False)
+
+
+@dataclass(frozen=True)
+class Recall:
+    """A memory proposal and its evidence."""
+
+    tokens: list[int]
+    match: int  # the longest candidate's agreement with the context (0: none)
+    support: int = 0  # candidates that continue exactly as proposed
+    candidates: int = 0
+
+
+class SuffixMemory:
+    """The store (see the module docstring); `budget`: tokens kept, at least 1."""
+
+    def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
+        self.budget = self.check_budget(budget)
+        self._ring = np.full(budget, _SEPARATOR, dtype=np.int32)
+        self._part = np.zeros(budget, dtype=np.int32)
+        self._prev = np.full(budget, -1, dtype=np.int64)
+        bits = max(4, (budget - 1).bit_length())
+        self._shift = np.uint64(64 - bits)
+        self._head = np.full(1 << bits, -1, dtype=np.int64)
+        self._partitions: dict[str, int] = {}
+        self.total = 0  # slots ever written (the next absolute position)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def check_budget(budget: object) -> int:
+        """The budget, if it is a whole number of tokens >= 1 (InvalidParameterError otherwise)."""
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise InvalidParameterError(f"the suffix memory's budget must be a whole number of tokens >= 1, got {budget!r}")
+        return budget
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the store holds (its arrays: allocated up front)."""
+        return self._ring.nbytes + self._part.nbytes + self._prev.nbytes + self._head.nbytes
+
+    @property
+    def oldest(self) -> int:
+        """The oldest absolute position still held."""
+        return max(0, self.total - self.budget)
+
+    @property
+    def partitions(self) -> list[str]:
+        """The partitions that hold (or held) texts, in order of their first text."""
+        with self._lock:
+            return list(self._partitions)
+
+    def __len__(self) -> int:
+        """Slots held (tokens and the separators after each text)."""
+        return self.total - self.oldest
+
+    def add(self, tokens: Sequence[int], scope: MemoryScope = MemoryScope()) -> None:
+        """Remember a text (a request's output) in its scope's partition; nothing for an opted-out scope."""
+        if not scope.enabled or not len(tokens):
+            return
+        arr = np.asarray(tokens, dtype=np.int64)
+        if arr.min() < 0:
+            raise InvalidParameterError("token ids must be >= 0")
+        with self._lock:
+            pid = self._partitions.setdefault(scope.partition, len(self._partitions))
+            start = self.total
+            for i, token in enumerate(arr.tolist()):
+                self._ring[(start + i) % self.budget] = token
+                self._part[(start + i) % self.budget] = pid
+            if len(arr) >= GRAM:
+                hashes = _hashes(arr, pid, self._shift)
+                for i, h in enumerate(hashes.tolist(), GRAM - 1):
+                    pos = start + i
+                    self._prev[pos % self.budget] = self._head[h]
+                    self._head[h] = pos
+            end = start + len(arr)
+            self._ring[end % self.budget] = _SEPARATOR
+            self._prev[end % self.budget] = -1
+            self.total = end + 1
+
+    def propose(self, context: Sequence[int], n: int, scope: MemoryScope = MemoryScope()) -> Recall:
+        """Up to n tokens continuing `context`, from the texts of its scope's partition."""
+        if not scope.enabled or n <= 0 or len(context) < GRAM:
+            return Recall([], 0)
+        with self._lock:
+            pid = self._partitions.get(scope.partition)
+            if pid is None:
+                return Recall([], 0)
+            tail = np.asarray(context[-MAX_MATCH:], dtype=np.int64)
+            h = int(_hashes(tail[-GRAM:], pid, self._shift)[0])
+            found = self._candidates(tail, h, pid)
+            if not found:
+                return Recall([], 0)
+            match = max(m for _, m in found)
+            alive = [p for p, m in found if m == match][:MAX_CANDIDATES]
+            return self._vote(alive, match, n)
+
+    def _candidates(self, tail: np.ndarray, h: int, pid: int) -> list[tuple[int, int]]:
+        """(position, match length) of the verified chain positions, latest first."""
+        out = []
+        pos, oldest, steps = int(self._head[h]), self.oldest, 0
+        want = tail[::-1]
+        while pos >= oldest and steps < MAX_WALK:
+            steps += 1
+            back = min(len(tail), pos - oldest + 1)
+            idx = (pos - np.arange(back)) % self.budget
+            if self._part[pos % self.budget] == pid:
+                agree = self._ring[idx] == want[:back]  # a separator ends the agreement
+                match = int(np.argmin(agree)) if not agree.all() else back
+                if match >= GRAM:
+                    out.append((pos, match))
+            pos = int(self._prev[pos % self.budget])
+        return out
+
+    def _vote(self, alive: list[int], match: int, n: int) -> Recall:
+        ahead = np.arange(1, n + 1)
+        rows = []
+        for p in alive:  # latest first: a tie keeps the latest text's token
+            pos = p + ahead
+            row = np.where(pos < self.total, self._ring[pos % self.budget], _SEPARATOR).tolist()
+            rows.append(row[:row.index(_SEPARATOR)] if _SEPARATOR in row else row)
+        tokens: list[int] = []
+        for j in range(n):
+            votes: dict[int, int] = {}
+            for row in rows:
+                if j < len(row):
+                    votes[row[j]] = votes.get(row[j], 0) + 1
+            if not votes:
+                break
+            best = max(votes.values())
+            token = next(t for t in votes if votes[t] == best)
+            tokens.append(token)
+            rows = [row for row in rows if j < len(row) and row[j] == token]
+        return Recall(tokens, match, len(rows), len(alive))
+
+
+def _hashes(arr: np.ndarray, pid: int, shift: np.uint64) -> np.ndarray:
+    """The head-table slot of every GRAM-token window of arr (window i ends at i + GRAM - 1)."""
+    u = arr.astype(np.uint64)
+    h = np.full(len(arr) - GRAM + 1, np.uint64(pid) * np.uint64(0x100000001B3), dtype=np.uint64)
+    for k in range(GRAM):
+        h = (h ^ u[k:len(arr) - GRAM + 1 + k]) * _MULT
+    return h >> shift
