@@ -99,6 +99,7 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
         "summary": summary,
         "ratios": ratio_table(summary),
         "auto_chains": auto_chains(runs),
+        "lookup_sources": lookup_sources(runs),
         "memory": {m: {"tokens_held": len(mem), "budget": mem.budget, "megabytes": round(mem.nbytes / 2**20, 1)}
                    for m, mem in memories.items()},
     }
@@ -113,6 +114,26 @@ def auto_chains(runs: list[dict]) -> dict[str, dict[str, int]]:
             counter = out.setdefault(f"{r['method']} | {r['dataset']}", Counter())
             counter.update(r["chain_labels"][i] for i in r["chains_per_cycle"])
     return {k: dict(v.most_common()) for k, v in out.items()}
+
+
+def lookup_sources(runs: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per auto method and workload, per source of the lookup's blocks (the request's own
+    text, or the cross-request memory: match classes m4..m32): the share of the method's
+    cycles it drafted and its mean accepted tokens per block."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key in dict.fromkeys(f"{r['method']} | {r['dataset']}" for r in runs if "lookup_blocks" in r):
+        rows = [r for r in runs if f"{r['method']} | {r['dataset']}" == key]
+        cycles = sum(len(r["chains_per_cycle"]) for r in rows)
+        sources: dict[str, list[int]] = {}
+        for r in rows:
+            for cls, blocks in r["lookup_blocks"].items():
+                source = "memory" if cls.split("#")[-1].startswith("m") else "own text"
+                counts = sources.setdefault(source, [0, 0])
+                counts[0] += blocks
+                counts[1] += r["lookup_accepted"].get(cls, 0)
+        out[key] = {s: {"cycle_share": round(b / cycles, 3) if cycles else 0.0,
+                        "accepted_per_block": round(a / b, 2) if b else 0.0} for s, (b, a) in sources.items()}
+    return out
 
 
 def markdown(result: dict) -> str:
@@ -147,6 +168,12 @@ def markdown(result: dict) -> str:
     lines += ["", "## Chains auto ran (cycles)", ""]
     for key, chains in result["auto_chains"].items():
         lines.append(f"- {key}: " + ", ".join(f"{c} {n}" for c, n in chains.items()))
+    if result.get("lookup_sources"):
+        lines += ["", "## What the lookup drafted, by source", "",
+                  "| auto, workload | source | share of cycles | accepted per block |", "|---|---|---|---|"]
+        for key, sources in result["lookup_sources"].items():
+            for source, v in sources.items():
+                lines.append(f"| {key} | {source} | {v['cycle_share']:.0%} | {v['accepted_per_block']} |")
     for method, mem in result.get("memory", {}).items():
         lines.append(f"\nCross-request memory of {method} at the end: {mem['tokens_held']:,} tokens held of a "
                      f"{mem['budget']:,}-token budget, {mem['megabytes']} MB (allocated at the start).")

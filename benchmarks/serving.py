@@ -1,12 +1,18 @@
 """Serving throughput and latency versus concurrency: the target alone and auto routing.
 
     python -m benchmarks.serving [--concurrency 1,2,4,8] [--requests-per-slot 2] [--max-tokens 96]
+                                 [--workload first-turn|code-edit|docs] [--lookup ngram|suffix]
+                                 [--router-dir DIR] [--stem NAME]
 
 Closed loop, in process, through the same BatchScheduler the server runs: at
 concurrency c, c requests are in flight at every moment (a finished one is replaced
 at once from the prompt list) until c x requests-per-slot have completed. Both methods
-run in one process, alternating per concurrency level, on the same prompts (HumanEval
-completions and GSM8K chats, greedy). Reports total generated tokens/s, time to first
+run in one process, alternating per concurrency level, on the same prompts (first-turn:
+HumanEval completions and GSM8K chats; or a workload whose answers repeat their prompt,
+benchmarks/workloads.py), greedy. Auto routes the default pool and the lookup drafter
+(with the suffix drafter, a cross-request memory of the default budget that every
+request feeds, as a server's `shared` memory); its estimates and profile start as
+--router-dir says (default: fresh). Reports total generated tokens/s, time to first
 token and inter-token latency (median and p95; a delta of k tokens after a gap g counts
 as k gaps of g/k), the batch sizes the models actually ran, and for auto the share of
 cycles that speculated. Writes JSON, a markdown table and a PNG plot to benchmarks/results/.
@@ -22,10 +28,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from benchmarks.args import router_start
 from benchmarks.machine import machine_info
 from benchmarks.prompts import load
+from benchmarks.workloads import load as load_workload
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
+from specrouter.drafters import MODEL_FREE
+from specrouter.drafters.memory import SuffixMemory
 from specrouter.engine.batch import BatchScheduler, Delta, Failed, Finished, SeqRequest
 from specrouter.pool import Pool
 from specrouter.router import auto_router
@@ -84,11 +94,21 @@ def closed_loop(scheduler: BatchScheduler, prompt_list: list[list[int]], concurr
     }
 
 
-def run(levels: list[int], per_slot: int, max_tokens: int) -> dict:
+def repeating_prompts(target, workload: str, n: int) -> list[list[int]]:
+    """Chat prompts of a one-turn workload of benchmarks/workloads.py."""
+    return [chat_prompt_tokens(target, task.messages()) for task in load_workload(workload, n)]
+
+
+def run(levels: list[int], per_slot: int, max_tokens: int, workload: str = "first-turn", lookup: str = "ngram",
+        router_dir: Path | None = None) -> dict:
+    router_dir, router_state = router_start(router_dir)
     pool = Pool(n_ctx=2048, n_seq_max=max(levels))
     target = pool.level(TARGET)
-    prompt_list = prompts(target, max(4, max(levels) * per_slot // 2))
-    router = auto_router(pool, TARGET, [SMALL, TARGET], progress=True)
+    n = max(4, max(levels) * per_slot // 2)
+    prompt_list = prompts(target, n) if workload == "first-turn" else repeating_prompts(target, workload, 2 * n)
+    memory = SuffixMemory() if MODEL_FREE[lookup].remembers else None
+    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=router_dir, progress=True, lookup=lookup,
+                         memory=memory)
     alone = pool.chain([TARGET])
     planners = {"target alone": lambda r: alone, "auto": lambda r: router.session()}
     rows = []
@@ -100,7 +120,10 @@ def run(levels: list[int], per_slot: int, max_tokens: int) -> dict:
                 bar.update(1)
     router.save_estimates()
     pool.close()
-    return {"machine": machine_info(), "max_tokens": max_tokens, "requests_per_slot": per_slot, "rows": rows}
+    return {"machine": machine_info(), "max_tokens": max_tokens, "requests_per_slot": per_slot, "rows": rows,
+            "workload": workload, "lookup": lookup, "router_start": router_state,
+            "memory": None if memory is None else {"tokens_held": len(memory), "budget": memory.budget,
+                                                   "megabytes": round(memory.nbytes / 2**20, 1)}}
 
 
 def markdown(result: dict, plot: str) -> str:
@@ -108,9 +131,13 @@ def markdown(result: dict, plot: str) -> str:
     lines = [
         f"# Serving: throughput and latency vs concurrency ({m['date']})", "",
         f"Machine: {m['cpu']}, {m['cores']} cores, llama-cpp-python {m['llama_cpp_python']}. "
-        f"Command: `{m['command']}`. Default pool (target {TARGET}, draft {SMALL} and n-gram), greedy, "
-        f"{result['max_tokens']} new tokens per request, closed loop with c requests in flight, "
-        f"{result['requests_per_slot']} x c requests per level, both methods in one run.", "",
+        f"Command: `{m['command']}`. Default pool (target {TARGET}, draft {SMALL} and the "
+        f"{result.get('lookup', 'ngram')} lookup), workload {result.get('workload', 'first-turn')}, greedy, "
+        f"{result['max_tokens']} new tokens per request at most, closed loop with c requests in flight, "
+        f"{result['requests_per_slot']} x c requests per level, both methods in one run. "
+        f"Router at the start: {result.get('router_start', 'the user cache')}."
+        + (f" Cross-request memory at the end: {result['memory']['tokens_held']:,} tokens held, "
+           f"{result['memory']['megabytes']} MB." if result.get("memory") else ""), "",
         "| concurrency | method | total tok/s | ratio to target alone | TTFT median ms | ITL median ms | ITL p95 ms "
         "| cycles speculating | mean batch per model call |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -153,12 +180,16 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels")
     ap.add_argument("--requests-per-slot", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--workload", choices=["first-turn", "code-edit", "docs"], default="first-turn")
+    ap.add_argument("--lookup", choices=list(MODEL_FREE), default="ngram")
+    ap.add_argument("--router-dir", type=Path, help="the router's starting profile and estimates (default: fresh)")
+    ap.add_argument("--stem", help="name of the result files (default: serving-<date>)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    result = run(levels, args.requests_per_slot, args.max_tokens)
+    result = run(levels, args.requests_per_slot, args.max_tokens, args.workload, args.lookup, args.router_dir)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"serving-{result['machine']['date'][:10]}"
+    stem = args.stem or f"serving-{result['machine']['date'][:10]}"
     plot(result, args.out / f"{stem}.png")
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     md = markdown(result, f"{stem}.png")

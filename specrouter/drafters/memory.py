@@ -125,9 +125,9 @@ class SuffixMemory:
         with self._lock:
             pid = self._partitions.setdefault(scope.partition, len(self._partitions))
             start = self.total
-            for i, token in enumerate(arr.tolist()):
-                self._ring[(start + i) % self.budget] = token
-                self._part[(start + i) % self.budget] = pid
+            slots = (start + np.arange(len(arr))) % self.budget  # a text longer than the budget wraps: its end is kept
+            self._ring[slots] = arr
+            self._part[slots] = pid
             if len(arr) >= GRAM:
                 hashes = _hashes(arr, pid, self._shift)
                 for i, h in enumerate(hashes.tolist(), GRAM - 1):
@@ -158,20 +158,20 @@ class SuffixMemory:
 
     def _candidates(self, tail: np.ndarray, h: int, pid: int) -> list[tuple[int, int]]:
         """(position, match length) of the verified chain positions, latest first."""
-        out = []
-        pos, oldest, steps = int(self._head[h]), self.oldest, 0
-        want = tail[::-1]
-        while pos >= oldest and steps < MAX_WALK:
-            steps += 1
-            back = min(len(tail), pos - oldest + 1)
-            idx = (pos - np.arange(back)) % self.budget
-            if self._part[pos % self.budget] == pid:
-                agree = self._ring[idx] == want[:back]  # a separator ends the agreement
-                match = int(np.argmin(agree)) if not agree.all() else back
-                if match >= GRAM:
-                    out.append((pos, match))
+        chain, pos, oldest = [], int(self._head[h]), self.oldest
+        while pos >= oldest and len(chain) < MAX_WALK:
+            chain.append(pos)
             pos = int(self._prev[pos % self.budget])
-        return out
+        if not chain:
+            return []
+        ends = np.asarray(chain, dtype=np.int64)
+        ends = ends[self._part[ends % self.budget] == pid]
+        # Row r, column b: the token b places before candidate r's end, against the context's.
+        at = ends[:, None] - np.arange(len(tail))[None, :]
+        tokens = np.where(at >= oldest, self._ring[at % self.budget], _SEPARATOR)  # evicted: no agreement
+        agree = tokens == tail[::-1][None, :]  # a separator ends the agreement too
+        match = np.where(agree.all(axis=1), len(tail), np.argmin(agree, axis=1))
+        return [(int(e), int(m)) for e, m in zip(ends, match) if m >= GRAM]
 
     def _vote(self, alive: list[int], match: int, n: int) -> Recall:
         ahead = np.arange(1, n + 1)

@@ -40,7 +40,6 @@ CONFIDENT = 48  # positions after which a pair is no longer probed
 FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
 COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
 PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 tolerances at once
-HORIZON = 256  # tokens over which a catch-up cost is amortised at most
 
 Plans = dict[tuple[str, ...], Scored]
 
@@ -232,18 +231,18 @@ class Planner:
                 optimistic[names] = plan(names, Rates.OPTIMISTIC, previous[1])
         return best, optimistic
 
-    def score(self, s: Scored, position: int, room: int, cached: Mapping[str, int], batch: int) -> Scored:
+    def score(self, s: Scored, position: int, horizon: int, cached: Mapping[str, int], batch: int) -> Scored:
         """The plan `s` with its catch-up (the seconds its models need to feed what they missed
         since they last ran: `cached` committed tokens each model holds, `position` the
-        context's length; the whole batch waits for it) amortised over the tokens to come."""
+        context's length; the whole batch waits for it) amortised over the `horizon` tokens
+        expected to come (lengths.py)."""
         catch_up = 0.0
         for name in s.spec.names[:-1]:  # the target is always caught up (it runs every cycle)
             extra = position - cached.get(name, 0) - 1  # the predictor already counts 1-2 tokens
             if name != self.lookup and extra > 0:
                 catch_up += self.costs.seconds(name, 1 + extra) - self.costs.seconds(name, 1)
         catch_up *= batch
-        horizon = max(1, min(room, HORIZON))
-        return Scored(s.spec, s.prediction, catch_up, s.prediction.seconds_per_token + catch_up / horizon)
+        return Scored(s.spec, s.prediction, catch_up, s.prediction.seconds_per_token + catch_up / max(1, horizon))
 
     def _batch_cost(self, name: str, n: float, batch: int) -> float:
         """What one forward of this sequence's n tokens costs the batch it runs in. The

@@ -8,8 +8,9 @@ made of three parts:
   candidate chains and their best draft lengths, re-planned only when the inputs move;
 - the learner (observe.py): what each cycle teaches the shared costs and estimates;
 - the decision policy, here: every cycle adds each chain's one-time catch-up cost (a model
-  that sat out must first feed what it missed, lazily) amortised over the tokens still to
-  come, and compares; caution, hysteresis, probes and the draft stop below.
+  that sat out must first feed what it missed, lazily) amortised over the tokens expected
+  to come (lengths.py: what recent answers wrote, at most the room), and compares;
+  caution, hysteresis, probes (with their lengths under uncertainty) and the draft stop below.
 
 Hysteresis: the chain changes only when the new best is more than HYSTERESIS better than
 the current one, so it does not flap.
@@ -26,8 +27,10 @@ has no cache), so hysteresis applies between families only.
 Caution: a chain other than the target alone is moved to only if it beats the target
 alone with every acceptance planner.CAUTION_Z standard errors below its estimate (the
 estimator's cautious rate: a request's own estimate remembers ~19 positions, and a pair
-seen a few times is barely known); it is kept until it loses to the target alone even
-with every acceptance CAUTION_Z standard errors above its estimate (the bold rate).
+seen a few times is barely known), at its planned draft lengths or, where it is not sure
+there, at the lengths that are best for the cautious rates (_robust); it is kept until it
+loses to the target alone even with every acceptance CAUTION_Z standard errors above its
+estimate (the bold rate).
 Picking the argmin of noisy estimates favours the chains whose estimates are high by
 chance (docs/router-design.md has the measurements behind this and the rules below).
 
@@ -60,6 +63,7 @@ Any chain choice made before a cycle keeps the output exact
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from specrouter.backends.base import Backend
@@ -73,7 +77,8 @@ from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.draft_stop import ConfidenceStop
 from specrouter.router.observe import CycleLearner
 from specrouter.router.plan import Decision, DecisionInputs, Plan, Rates, Scored, level_key, match_key
-from specrouter.router.planner import HORIZON, Planner
+from specrouter.router.lengths import AnswerLengths
+from specrouter.router.planner import Planner
 from specrouter.router.store import RouterStore
 from specrouter.router.predictor import ChainSpec
 from specrouter.router.costs import OnlineCosts, row_kind
@@ -115,13 +120,15 @@ class Router:
         lookup: str = NGRAM_NAME,
         memory: SuffixMemory | None = None,
         scope: MemoryScope = MemoryScope(),
+        lengths: AnswerLengths | None = None,
     ) -> None:
         """use_ngram: route a model-free level too, the drafter `lookup` names (MODEL_FREE);
         confidence_stop: a model drafting for the
         target may end its draft on its confidence; shared_stop: that rule's calibration is
         shared with this stop's (a session: see session()); memory: the cross-request suffix
         memory every session reads and feeds (drafters/memory.py; the lookup must be one that
-        reads it), in `scope` (a session's request: its partition, or opted out)."""
+        reads it), in `scope` (a session's request: its partition, or opted out); lengths: how
+        long recent answers ran (shared by sessions: the horizon of one-time costs)."""
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
@@ -129,6 +136,8 @@ class Router:
             raise InvalidParameterError(f"unknown model-free drafter {lookup!r}: use one of {', '.join(MODEL_FREE)}")
         #: The session's own model-free drafter (its evidence travels with its draft).
         self.lookup_drafter = MODEL_FREE[lookup]() if use_ngram else None
+        #: How long answers ran: the horizon over which a catch-up is amortised (lengths.py).
+        self.lengths = lengths or AnswerLengths()
         #: The process's cross-request memory and this session's request's part of it.
         self.memory, self.scope = memory, scope
         if memory is not None and self.lookup_drafter is not None:
@@ -174,7 +183,7 @@ class Router:
         return Router(self.target, self.drafts, self.costs, self.acceptance.view(), self.lookup_drafter is not None,
                       self.grid, self.hysteresis, self.explore_fraction, self.message,
                       self.draft_stop is not None, shared_stop=self.draft_stop,
-                      lookup=self.lookup or NGRAM_NAME, memory=self.memory, scope=scope)
+                      lookup=self.lookup or NGRAM_NAME, memory=self.memory, scope=scope, lengths=self.lengths)
 
     @property
     def chains(self) -> list[tuple[str, ...]]:
@@ -220,12 +229,17 @@ class Router:
         self.decisions = []  # per request
         self._ngram_key: str | None = None  # the match class of this cycle's n-gram lookup (None: no match)
         self._output: list[int] = []  # what the request's cycles emitted (for the memory)
+        #: Per match class of the lookup, the blocks it drafted in this request and the tokens
+        #: accepted of them (plain counters, for reports: which source drafted, and how well).
+        self.lookup_blocks: Counter[str] = Counter()
+        self.lookup_accepted: Counter[str] = Counter()
 
     def finish(self) -> None:
         """End of a request: its output joins the cross-request memory (in its scope: nowhere
-        when it opted out); estimates stay for the next request."""
+        when it opted out) and its length the answer lengths; estimates stay for the next request."""
         if self.memory is not None:
             self.memory.add(self._output, self.scope)
+        self.lengths.record(len(self._output))
         self._output = []
 
     def save_estimates(self) -> None:
@@ -235,7 +249,7 @@ class Router:
 
     # Decision ---------------------------------------------------------------------------
     def _score(self, s: Scored, position: int, room: int, cached: Mapping[str, int]) -> Scored:
-        return self.planner.score(s, position, room, cached, self.batch_size)
+        return self.planner.score(s, position, self._horizon, cached, self.batch_size)
 
     def choose(self, position: int, room: int, cached: Mapping[str, int] | None = None,
                context: Sequence[int] | None = None) -> Chain:
@@ -245,6 +259,7 @@ class Router:
         done at every cycle in the shadow and scored against the rows the models compute
         anyway, so the n-gram level is always observed (it wins on repetitive text)."""
         cached = cached or {}
+        self._horizon = self.lengths.horizon(len(self._output), room)
         x, self._ngram_key = None, None
         if self.lookup_drafter is not None and context is not None:
             free = self.lookup_drafter
@@ -374,8 +389,8 @@ class Router:
         cautious guard kept it out) that beats the choice by the hysteresis and whose expected
         extra time fits what is left of the probes' budget."""
         best_rate = chosen.prediction.seconds_per_token
-        # Remaining time counted over at most HORIZON tokens: a request may end (EOS) long before max_tokens.
-        budget = self.explore_fraction * (self.elapsed + min(room, HORIZON) * best_rate) - self.probe_spent
+        # Remaining time counted over the tokens expected to come: a request may end (EOS) long before max_tokens.
+        budget = self.explore_fraction * (self.elapsed + self._horizon * best_rate) - self.probe_spent
         options = []
         r = room if room <= self.longest else None
         for scored in candidates:
@@ -416,6 +431,9 @@ class Router:
 
     def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int,
                   match_class: str | None = None) -> None:
+        if proposer == self.lookup and match_class is not None:
+            self.lookup_blocks[match_class] += 1
+            self.lookup_accepted[match_class] += n_accepted
         self.learner.on_verify(proposer, verifier, proposals, q, p, n_accepted, requested, match_class)
 
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:

@@ -9,7 +9,7 @@ several cycles per generation (rollback between them), an intermediate level who
 token is used without a draft stop ([1, 4]: the middle level verifies one proposal per block
 and emits its bonus), EOS inside the horizon, temperature != 1 without filters, levels
 whose rows have different (padded) lengths, and the suffix drafter at the bottom of two and
-three levels.
+three levels, alone and reading a cross-request memory.
 
 Two tiers of the same tests:
 - fast (make test-fast): FAST_RUNS generations, seconds each. Detects a bias of about
@@ -26,8 +26,10 @@ corrected p = 2.7e-4): 200,000 runs of that configuration then gave every test p
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from specrouter.drafters.memory import MemoryScope, SuffixMemory
 from specrouter.drafters.ngram import NgramDrafter
 from specrouter.drafters.suffix import SuffixDrafter
 from specrouter.backends.synthetic import SyntheticBackend
@@ -79,11 +81,28 @@ def configuration(name: str) -> tuple[Chain, SamplingParams]:
         # level's accepted tokens are a tail it reads without indexing
         target, mid, small = family(eos=5)
         return Chain([SuffixDrafter(), small, target], [5, 3]), SamplingParams(temperature=0.8, top_k=4)
+    if name == "2-level-memory":
+        target, mid, small = family()
+        return Chain([remembering(), target], [6]), SamplingParams(temperature=1.0)
+    if name == "3-level-memory-eos":
+        target, mid, small = family(eos=5)
+        return Chain([remembering(), small, target], [5, 3]), SamplingParams(temperature=0.8, top_k=4)
     raise KeyError(name)
 
 
+def remembering() -> SuffixDrafter:
+    """A suffix drafter reading a cross-request memory of other texts over the same tokens,
+    which holds longer matches than the request's own text most of the time (its proposals
+    then come from the memory)."""
+    rng = np.random.default_rng(5)
+    memory = SuffixMemory(20_000)
+    for _ in range(300):
+        memory.add(rng.integers(0, 6, size=int(rng.integers(6, 40))).tolist())
+    return SuffixDrafter().with_memory(memory, MemoryScope())
+
+
 CONFIGURATIONS = ["2-level-filters", "3-level-bonus", "3-level-stop-eos", "4-level-ngram", "padded-eos",
-                  "2-level-suffix", "3-level-suffix-eos"]
+                  "2-level-suffix", "3-level-suffix-eos", "2-level-memory", "3-level-memory-eos"]
 
 
 def check(name: str, runs: int, seed: int) -> None:

@@ -1,0 +1,45 @@
+"""How many tokens a request will still write: the horizon over which a chain's one-time
+costs (a drafter catching up on a prompt it has not seen) are amortised.
+
+A chain whose drafter has not seen the prompt must first feed it (a 0.5B catching up on 700
+prompt tokens costs seconds on a CPU), which pays only if enough tokens follow. max_tokens
+bounds what follows, but an answer usually ends long before (a one-sentence summary of a
+long document: a dozen tokens of 256 allowed), and the answers a deployment gets tend to
+resemble each other. So the horizon of a request that has written g tokens is what the
+process's recent answers that ran past g wrote beyond g (the median of length - g over the
+last WINDOW finished answers longer than g: a request already past most of them is one
+of the long ones), at least 1 and at most the room; DEFAULT tokens before any answer
+ran past g (at most the room). Answers cut by max_tokens count at that length: a lower
+bound of theirs, so the horizon errs short, which keeps drafters out, the safe side.
+
+One AnswerLengths is shared by the sessions of a router (thread-safe).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+
+#: Tokens assumed to follow when no recent answer ran past the current length.
+DEFAULT = 256
+#: Finished answers remembered.
+WINDOW = 64
+
+
+class AnswerLengths:
+    def __init__(self, window: int = WINDOW) -> None:
+        self._lengths: deque[int] = deque(maxlen=window)
+        self._lock = threading.Lock()
+
+    def record(self, length: int) -> None:
+        """A request finished after writing `length` tokens."""
+        with self._lock:
+            self._lengths.append(length)
+
+    def horizon(self, generated: int, room: int) -> int:
+        """Tokens expected to follow once `generated` were written, `room` at most."""
+        with self._lock:
+            beyond = [n - generated for n in self._lengths if n > generated]
+        expected = statistics.median_low(beyond) if beyond else DEFAULT
+        return max(1, min(room, expected))
