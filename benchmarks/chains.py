@@ -44,6 +44,9 @@ from benchmarks.summary import BASELINE, error_table, predictor_errors, ratio_ta
 from benchmarks.sweep import Runner, sweep
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
+from specrouter.drafters import MODEL_FREE
+from specrouter.drafters.memory import SuffixMemory
+from specrouter.drafters.ngram import NGRAM_NAME
 from specrouter.models import resolve_model
 from specrouter.pool import Pool
 from specrouter.router import auto_router, load_or_profile
@@ -146,10 +149,11 @@ def compare(methods: dict[str, Runner], prompts: list, pool: Pool, max_tokens: i
 
 
 def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, auto_only: bool = False,
-        router_dir: Path | None = None, corrupt_profile: bool = False) -> dict:
+        router_dir: Path | None = None, corrupt_profile: bool = False, lookup: str = NGRAM_NAME) -> dict:
     """router_dir: the router's starting profile and estimates (benchmarks.args.router_start);
     corrupt_profile: the target's cached profile there is replaced by a busy machine's
-    (corrupt_target_profile) before the router reads it."""
+    (corrupt_target_profile) before the router reads it; lookup: auto's model-free drafter
+    (one that reads a cross-request memory gets one of the default budget)."""
     started = time.perf_counter()
     router_dir, router_state = router_start(router_dir)
     phases = {}
@@ -173,7 +177,9 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     methods = {BASELINE: static_runner(pool, [TARGET], ())}
     methods.update({m: factories[m](best[m]) for m in factories})
     # One router for the whole run, as a server would keep it: its estimates carry over.
-    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=router_dir, progress=False)
+    memory = SuffixMemory() if MODEL_FREE[lookup].remembers else None
+    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=router_dir, progress=False, lookup=lookup,
+                         memory=memory)
     methods["auto"] = lambda tokens, params, n: run_routed(router, tokens, params, n)
     runs = compare(methods, prompts, pool, max_tokens)
     phases["main"] = time.perf_counter() - started - sum(phases.values())
@@ -190,7 +196,8 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
                      "modes": list(MODES), "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
                      "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "native_n_ctx": NATIVE_CTX,
                      "n_threads": target.n_threads,
-                     "router_start": router_state},
+                     "router_start": router_state, "lookup": lookup,
+                     "memory_tokens": None if memory is None else len(memory)},
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
         "methods": {BASELINE: {"chain": [TARGET], "draft_lengths": []},
                     **{m: {"chain": STATIC.get(m, NATIVE), "draft_lengths": list(best[m])} for m in best},
@@ -241,6 +248,8 @@ def main() -> None:
     parser = benchmark_parser(__doc__, RESULTS)
     parser.add_argument("--auto-only", action="store_true", help="only the target alone and auto (no sweep, no static chains)")
     parser.add_argument("--stem", help="name of the result files (default: router[-auto]-<date>), e.g. to keep two runs of a day")
+    parser.add_argument("--lookup", choices=list(MODEL_FREE), default=NGRAM_NAME,
+                        help="auto's model-free drafter (suffix: with a cross-request memory)")
     parser.add_argument("--corrupt-profile", action="store_true",
                         help="start the router from a busy machine's profile of the target (the sanity check must catch it)")
     args = parser.parse_args()
@@ -248,7 +257,7 @@ def main() -> None:
         result = json.loads(args.render.read_text())
     else:
         result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.auto_only,
-                     args.router_dir, args.corrupt_profile)
+                     args.router_dir, args.corrupt_profile, args.lookup)
     write_report(result, args.out, args.stem)
 
 

@@ -35,7 +35,10 @@ def _header(result: dict) -> str:
             f"MT-Bench first turn through the chat template), {s['max_tokens']} new tokens, modes {', '.join(s['modes'])} "
             "(temperature 0.7: no top-k/top-p, one seed per prompt for every method). " + _order(result)
             + " Tokens/s is wall time of the whole generation, prompt included."
-            + (f" Router at the start: {s['router_start']}." if "router_start" in s else ""))
+            + (f" Router at the start: {s['router_start']}." if "router_start" in s else "")
+            + (f" Auto's lookup drafter: {s['lookup']}"
+               + (f" (its cross-request memory held {s['memory_tokens']:,} tokens at the end)."
+                  if s.get("memory_tokens") is not None else ".") if "lookup" in s else ""))
 
 
 def _order(result: dict) -> str:

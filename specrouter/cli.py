@@ -15,7 +15,7 @@ import click
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.cli_torch import convert
-from specrouter.drafters import MODEL_FREE
+from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import GenerationResult, generate_stream
 from specrouter.engine.request import check_max_tokens, check_prompt_nonempty
 from specrouter.engine.speculation import Speculation
@@ -75,8 +75,8 @@ _profile_option = click.option(
               help="With --chain auto: the target model, a pool name or a .gguf path (default: the largest pulled pool model).")
 @click.option("--explain", is_flag=True, help="With --chain auto: print the router's decisions to stderr.")
 @click.option("--lookup", type=click.Choice(list(MODEL_FREE)), default=None,
-              help="With --chain auto: the model-free drafter routed beside the models (default ngram; "
-                   "suffix: the longest earlier match of the context, no length cap, long copies in one block).")
+              help="With --chain auto: the model-free drafter routed beside the models (default suffix: the "
+                   "longest earlier match of the context, no length cap, long copies in one block; ngram: up to 4 tokens).")
 @click.option("--draft-lengths", help="Comma-separated tokens each non-target level proposes per block (default 4 each).")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
@@ -108,7 +108,7 @@ def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temper
     router = None
     try:
         if auto:
-            router = _auto_router(pool, target, cache_dir, profile_file, lookup or "ngram")
+            router = _auto_router(pool, target, cache_dir, profile_file, lookup or DEFAULT_LOOKUP)
             built, model = router, router.target
         else:
             built = pool.chain(list(spec.chain), list(spec.draft_lengths) or None)
@@ -201,7 +201,7 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--chain", help="Default speculation of a request: auto (routed, the default), off, or a,b,target.")
 @click.option("--draft-lengths", help="Comma-separated draft lengths for an explicit --chain.")
 @click.option("--lookup", type=click.Choice(list(MODEL_FREE)),
-              help="The model-free drafter auto routes beside the models (default ngram).")
+              help="The model-free drafter auto routes beside the models (default suffix).")
 @click.option("--n-ctx", type=int, help="Context window per sequence (default 4096).")
 @click.option("--threads", type=int, help="CPU threads per model (default: all cores).")
 @click.option("--device", help="Where torch models run: cpu (default), cuda, cuda:N.")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specrouter.drafters.memory import SuffixMemory
-from specrouter.drafters.ngram import NGRAM_NAME
+from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.predictor import ChainSpec, Prediction, predict
@@ -26,7 +26,7 @@ __all__ = ["AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "Onlin
 
 
 def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir: Path | None = None,
-                progress: bool = True, profile_file: Path | None = None, lookup: str = NGRAM_NAME,
+                progress: bool = True, profile_file: Path | None = None, lookup: str = DEFAULT_LOOKUP,
                 memory: SuffixMemory | None = None) -> Router:
     """The router `--chain auto` uses: `target` (default: the last, i.e. largest, of the
     candidates) and every candidate that shares its tokenizer, plus the model-free level

@@ -105,6 +105,12 @@ class OnlineCosts:
     #: to follow (a model that slows down mid-run, for as long as it does).
     DISAGREE = 2.0
     MIN_OBSERVED = 8
+    #: Off by more than EARLY_DISAGREE at the median of its first EARLY_OBSERVED forwards, a
+    #: profile is refitted then already (a busy machine's profile, 25x too slow, made the first
+    #: requests of a run draft 24 tokens with the 0.5B for 8 forwards); the median ignores one
+    #: slow first forward (weights still being paged in).
+    EARLY_DISAGREE = 4.0
+    EARLY_OBSERVED = 3
     SAMPLES = 64
 
     def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0) -> None:
@@ -161,8 +167,13 @@ class OnlineCosts:
                 self._shape[k] /= mean
             self._level[name] *= mean
             level = self._level[name]
-            first = len(self._samples[name]) == self.MIN_OBSERVED  # its first single-sequence forwards
-            if first and not 1 / self.DISAGREE <= level <= self.DISAGREE:
+            seen = len(self._samples[name])  # its first single-sequence forwards
+            if seen == self.EARLY_OBSERVED and name not in self.refitted:
+                early = float(np.median([t / self.profile.seconds(name, k) for k, t in self._samples[name]]))
+                if not 1 / self.EARLY_DISAGREE <= early <= self.EARLY_DISAGREE:
+                    self._refit(name, early)
+            elif seen == self.MIN_OBSERVED and name not in self.refitted \
+                    and not 1 / self.DISAGREE <= level <= self.DISAGREE:
                 self._refit(name, level)
 
     def _refit(self, name: str, level: float) -> None:

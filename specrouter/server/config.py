@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from specrouter.drafters import MODEL_FREE
+from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.drafters.memory import DEFAULT_BUDGET, SuffixMemory
 from specrouter.engine.request import check_max_tokens
 from specrouter.engine.speculation import Speculation
@@ -29,7 +29,7 @@ class ServeConfig(BaseModel):
     target: str | None = Field(None, description="the served model (default: the last of models)")
     chain: str = Field("auto", description="a request's default speculation: auto, off, or levels a,b,target")
     draft_lengths: list[int] | None = Field(None, description="with an explicit chain (default 4 per level)")
-    lookup: str = Field("ngram", description="the model-free drafter `auto` routes beside the models "
+    lookup: str = Field(DEFAULT_LOOKUP, description="the model-free drafter `auto` routes beside the models "
                                              f"({', '.join(MODEL_FREE)})")
     n_ctx: int = Field(4096, ge=16, description="context window per sequence")
     threads: int | None = Field(None, ge=1, description="CPU threads per model (default: all cores)")

@@ -87,9 +87,9 @@ def test_a_cached_curve_that_is_not_physical_is_measured_again(tmp_path):
 
 def test_a_profile_the_timed_forwards_contradict_is_refitted_at_once_and_saved(tmp_path):
     """The cached profile held 2.1 s for 1 token and 3.0 s for 32 (measured while other work
-    ran); the forwards take 71 ms + 12 ms a token. At the MIN_OBSERVED-th forward a line
-    fitted to the timed forwards replaces the profile; the store saves it, and the next
-    process reads it without measuring."""
+    ran); the forwards take 71 ms + 12 ms a token. Off by more than EARLY_DISAGREE, at the
+    EARLY_OBSERVED-th forward a line fitted to the timed forwards replaces the profile; the
+    store saves it, and the next process reads it without measuring."""
     m = model(tmp_path, latency=linear(0.059, 0.012))
     clock = lambda: m.simulated_seconds  # noqa: E731
     load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=())
@@ -98,10 +98,10 @@ def test_a_profile_the_timed_forwards_contradict_is_refitted_at_once_and_saved(t
     data["table"] = {n: 2.1 + (3.0 - 2.1) * (int(n) - 1) / 31 for n in data["table"]}
     file.write_text(json.dumps(data))
     costs = OnlineCosts(load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=()))
-    for n in (1, 1, 4, 1, 8, 1, 2, 1):
-        assert costs.refitted == {}  # not before the MIN_OBSERVED-th forward
+    for n in (1, 1, 4):
+        assert costs.refitted == {}  # not before the EARLY_OBSERVED-th forward
         costs.observe("m", n, m.latency(n))
-    assert 0 < costs.refitted["m"] < 1 / OnlineCosts.DISAGREE  # the profile was ~30x too slow
+    assert 0 < costs.refitted["m"] < 1 / OnlineCosts.EARLY_DISAGREE  # the profile was ~30x too slow
     assert costs.seconds("m", 1) == pytest.approx(0.071) and costs.seconds("m", 32) == pytest.approx(0.443)
     assert save_refined(costs, [m], tmp_path / "p") == costs.refitted
     calls = m.decode_calls
@@ -109,6 +109,21 @@ def test_a_profile_the_timed_forwards_contradict_is_refitted_at_once_and_saved(t
         warnings.simplefilter("error")  # the saved table is valid, and read silently
         fixed = load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=())
     assert m.decode_calls == calls and fixed.seconds("m", 8) == pytest.approx(0.155)
+
+
+def test_a_profile_off_by_less_than_the_early_margin_waits_for_more_forwards(tmp_path):
+    """3x too slow: not refitted at the EARLY_OBSERVED-th forward, but at the MIN_OBSERVED-th;
+    one slow first forward (10x: weights paged in) does not trigger the early refit."""
+    m = model(tmp_path)
+    costs = OnlineCosts(CostProfile({"m": {1: 3 * m.latency(1), 16: 3 * m.latency(16)}}))
+    for i, n in enumerate((1, 16, 1, 16, 1, 16, 1, 16)):
+        assert costs.refitted == {}, i
+        costs.observe("m", n, m.latency(n))
+    assert 1 / OnlineCosts.EARLY_DISAGREE < costs.refitted["m"] < 1 / OnlineCosts.DISAGREE
+    costs = OnlineCosts(CostProfile({"m": {1: m.latency(1), 16: m.latency(16)}}))
+    for i, n in enumerate((1, 16, 1)):
+        costs.observe("m", n, m.latency(n) * (10 if i == 0 else 1))
+    assert costs.refitted == {}
 
 
 def test_a_sound_profile_is_kept(tmp_path):
