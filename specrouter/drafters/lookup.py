@@ -13,6 +13,17 @@ from specrouter.errors import InvalidParameterError
 
 
 @dataclass(frozen=True)
+class Lookup:
+    """A suffix index's (or the cross-request memory's) proposal and its evidence: the
+    length of the matched suffix and how many of the occurrences voted over agree with it."""
+
+    tokens: list[int]
+    match: int  # length of the matched suffix (0: none, no tokens)
+    support: int = 0  # candidates that continue exactly as proposed
+    candidates: int = 0  # occurrences voted over
+
+
+@dataclass(frozen=True)
 class Found:
     """A lookup's proposal and its evidence: the length of the suffix match behind it, and
     whether it was found in the cross-request memory (another request's text) rather than

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specrouter.drafters.lookup import Lookup
 from specrouter.errors import InvalidParameterError
 
 #: Tokens kept by default (the oldest are evicted beyond it).
@@ -61,16 +62,6 @@ class MemoryScope:
 
 #: The scope of a request that opted out.
 OPTED_OUT = MemoryScope(enabled=False)
-
-
-@dataclass(frozen=True)
-class Recall:
-    """A memory proposal and its evidence."""
-
-    tokens: list[int]
-    match: int  # the longest candidate's agreement with the context (0: none)
-    support: int = 0  # candidates that continue exactly as proposed
-    candidates: int = 0
 
 
 class SuffixMemory:
@@ -139,19 +130,19 @@ class SuffixMemory:
             self._prev[end % self.budget] = -1
             self.total = end + 1
 
-    def propose(self, context: Sequence[int], n: int, scope: MemoryScope = MemoryScope()) -> Recall:
+    def propose(self, context: Sequence[int], n: int, scope: MemoryScope = MemoryScope()) -> Lookup:
         """Up to n tokens continuing `context`, from the texts of its scope's partition."""
         if not scope.enabled or n <= 0 or len(context) < GRAM:
-            return Recall([], 0)
+            return Lookup([], 0)
         with self._lock:
             pid = self._partitions.get(scope.partition)
             if pid is None:
-                return Recall([], 0)
+                return Lookup([], 0)
             tail = np.asarray(context[-MAX_MATCH:], dtype=np.int64)
             h = int(_hashes(tail[-GRAM:], pid, self._shift)[0])
             found = self._candidates(tail, h, pid)
             if not found:
-                return Recall([], 0)
+                return Lookup([], 0)
             match = max(m for _, m in found)
             alive = [p for p, m in found if m == match][:MAX_CANDIDATES]
             return self._vote(alive, match, n)
@@ -173,7 +164,7 @@ class SuffixMemory:
         match = np.where(agree.all(axis=1), len(tail), np.argmin(agree, axis=1))
         return [(int(e), int(m)) for e, m in zip(ends, match) if m >= GRAM]
 
-    def _vote(self, alive: list[int], match: int, n: int) -> Recall:
+    def _vote(self, alive: list[int], match: int, n: int) -> Lookup:
         ahead = np.arange(1, n + 1)
         rows = []
         for p in alive:  # latest first: a tie keeps the latest text's token
@@ -192,7 +183,7 @@ class SuffixMemory:
             token = next(t for t in votes if votes[t] == best)
             tokens.append(token)
             rows = [row for row in rows if j < len(row) and row[j] == token]
-        return Recall(tokens, match, len(rows), len(alive))
+        return Lookup(tokens, match, len(rows), len(alive))
 
 
 def _hashes(arr: np.ndarray, pid: int, shift: np.uint64) -> np.ndarray:

@@ -29,23 +29,12 @@ the latest ones): the router can read it as a confidence.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from specrouter.drafters.lookup import Found, LookupDrafter
+from specrouter.drafters.lookup import Found, Lookup, LookupDrafter
 from specrouter.drafters.memory import GRAM, OPTED_OUT, MemoryScope, SuffixMemory
 
 #: Occurrences voted over: the latest ones (a 1-token match of a common token has hundreds).
 MAX_CANDIDATES = 32
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """A suffix lookup's proposal and its evidence."""
-
-    tokens: list[int]
-    match: int  # length of the matched suffix (0: none, no tokens)
-    support: int = 0  # candidates that continue exactly as proposed
-    candidates: int = 0  # occurrences voted over
 
 
 class SuffixIndex:

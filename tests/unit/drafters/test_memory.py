@@ -7,11 +7,12 @@ import threading
 import numpy as np
 import pytest
 
-from specrouter.drafters.memory import GRAM, MAX_CANDIDATES, MAX_MATCH, OPTED_OUT, MemoryScope, Recall, SuffixMemory
+from specrouter.drafters.lookup import Lookup
+from specrouter.drafters.memory import GRAM, MAX_CANDIDATES, MAX_MATCH, OPTED_OUT, MemoryScope, SuffixMemory
 from specrouter.errors import InvalidParameterError
 
 
-def brute_recall(texts: list[tuple[list[int], str]], budget: int, context: list[int], n: int, partition: str) -> Recall:
+def brute_lookup(texts: list[tuple[list[int], str]], budget: int, context: list[int], n: int, partition: str) -> Lookup:
     """The memory's proposal computed from its definition: the kept slots are the last
     `budget` of the texts laid end to end, each followed by a separator."""
     slots: list[tuple[int, str]] = []
@@ -29,7 +30,7 @@ def brute_recall(texts: list[tuple[list[int], str]], budget: int, context: list[
         if m >= GRAM:
             found.append((p, m))
     if not found:
-        return Recall([], 0)
+        return Lookup([], 0)
     match = max(m for _, m in found)
     alive = sorted((p for p, m in found if m == match), reverse=True)[:MAX_CANDIDATES]
     rows = []
@@ -50,7 +51,7 @@ def brute_recall(texts: list[tuple[list[int], str]], budget: int, context: list[
         token = next(t for t in nexts if counts[t] == top)  # rows are latest first
         out.append(token)
         rows = [r for r in rows if j < len(r) and r[j] == token]
-    return Recall(out, match, len(rows), len(alive))
+    return Lookup(out, match, len(rows), len(alive))
 
 
 @pytest.mark.parametrize("alphabet,budget", [(2, 40), (3, 100), (5, 1000), (3, 7)])
@@ -72,7 +73,7 @@ def test_recall_equals_brute_force_as_texts_are_added_and_evicted(alphabet, budg
             partition = ("", "key-a", "key-b", "key-c")[int(rng.integers(0, 4))]
             n = int(rng.integers(1, 10))
             assert memory.propose(context, n, MemoryScope(partition)) == \
-                brute_recall(texts, budget, context, n, partition), (context, partition)
+                brute_lookup(texts, budget, context, n, partition), (context, partition)
 
 
 def test_a_long_match_proposes_the_stored_continuation_up_to_the_end_of_its_text():
@@ -81,7 +82,7 @@ def test_a_long_match_proposes_the_stored_continuation_up_to_the_end_of_its_text
     memory.add(answer)
     memory.add([1, 2, 3, 4, 5, 6])
     got = memory.propose([7, 8] + answer[:20], 64)
-    assert got == Recall(answer[20:], 20, 1, 1)  # stops where the stored text ends
+    assert got == Lookup(answer[20:], 20, 1, 1)  # stops where the stored text ends
 
 
 def test_the_budget_evicts_the_oldest_tokens():
@@ -91,10 +92,10 @@ def test_the_budget_evicts_the_oldest_tokens():
     assert memory.propose(old[:10], 5).tokens == old[10:15]
     memory.add(list(range(300, 330)))  # 31 + 31 slots > 50: the old text's first 12 slots go
     assert len(memory) == 50 and memory.oldest == 12
-    assert memory.propose(old[:10], 5) == Recall([], 0)  # its windows were evicted
+    assert memory.propose(old[:10], 5) == Lookup([], 0)  # its windows were evicted
     assert memory.propose(old[12:20], 3).tokens == old[20:23]  # what is left is still found
     memory.add(list(range(400, 450)))
-    assert memory.propose(old[12:20], 3) == Recall([], 0)
+    assert memory.propose(old[12:20], 3) == Lookup([], 0)
 
 
 def test_partitions_and_opted_out_requests_never_see_each_others_text():
@@ -105,9 +106,9 @@ def test_partitions_and_opted_out_requests_never_see_each_others_text():
     assert len(memory) == 41
     assert memory.propose(secret[:8], 8, MemoryScope("key-a")).tokens == secret[8:16]
     for scope in (MemoryScope(), MemoryScope("key-b"), OPTED_OUT):
-        assert memory.propose(secret[:8], 8, scope) == Recall([], 0)
-    assert memory.propose(list(range(600, 608)), 8, MemoryScope()) == Recall([], 0)
-    assert memory.propose(list(range(600, 608)), 8, MemoryScope("key-a")) == Recall([], 0)
+        assert memory.propose(secret[:8], 8, scope) == Lookup([], 0)
+    assert memory.propose(list(range(600, 608)), 8, MemoryScope()) == Lookup([], 0)
+    assert memory.propose(list(range(600, 608)), 8, MemoryScope("key-a")) == Lookup([], 0)
 
 
 def test_concurrent_adds_and_proposals_keep_the_store_consistent():
@@ -126,7 +127,7 @@ def test_concurrent_adds_and_proposals_keep_the_store_consistent():
         th.join()
     assert len(memory) == memory.total == 8 * 20 * 51
     for text in texts:  # every copy is whole: each add wrote its slots under the lock
-        assert memory.propose(text[:10], 40) == Recall(text[10:50], 10, 20, 20)
+        assert memory.propose(text[:10], 40) == Lookup(text[10:50], 10, 20, 20)
 
 
 @pytest.mark.parametrize("budget", [0, -5, 2.5, "1000", True, None])
