@@ -149,15 +149,17 @@ def compare(methods: dict[str, Runner], prompts: list, pool: Pool, max_tokens: i
 
 
 def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, auto_only: bool = False,
-        router_dir: Path | None = None, corrupt_profile: bool = False, lookup: str = NGRAM_NAME) -> dict:
+        router_dir: Path | None = None, corrupt_profile: bool = False, lookup: str = NGRAM_NAME,
+        exact: bool = False) -> dict:
     """router_dir: the router's starting profile and estimates (benchmarks.args.router_start);
     corrupt_profile: the target's cached profile there is replaced by a busy machine's
     (corrupt_target_profile) before the router reads it; lookup: auto's model-free drafter
-    (one that reads a cross-request memory gets one of the default budget)."""
+    (one that reads a cross-request memory gets one of the default budget); exact: every
+    llama.cpp model with exact kernels (docs/bit-exact.md), the target alone included."""
     started = time.perf_counter()
     router_dir, router_state = router_start(router_dir)
     phases = {}
-    pool = Pool(n_ctx=4096, n_seq_max=1)
+    pool = Pool(n_ctx=4096, n_seq_max=1, exact=exact)
     target = pool.level(TARGET)
     prompts = load_prompts(target, per_dataset)
     costs = forward_costs(pool, (SMALL, TARGET))
@@ -196,7 +198,7 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
                      "modes": list(MODES), "sweep_per_dataset": sweep_per_dataset, "sweep_tokens": sweep_tokens,
                      "grid": {m: [list(k) for k in g] for m, g in GRID.items()}, "native_n_ctx": NATIVE_CTX,
                      "n_threads": target.n_threads,
-                     "router_start": router_state, "lookup": lookup,
+                     "router_start": router_state, "lookup": lookup, "exact": exact,
                      "memory_tokens": None if memory is None else len(memory)},
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
         "methods": {BASELINE: {"chain": [TARGET], "draft_lengths": []},
@@ -252,12 +254,14 @@ def main() -> None:
                         help="auto's model-free drafter (suffix: with a cross-request memory)")
     parser.add_argument("--corrupt-profile", action="store_true",
                         help="start the router from a busy machine's profile of the target (the sanity check must catch it)")
+    parser.add_argument("--exact", action="store_true",
+                        help="exact kernels for every llama.cpp model (docs/bit-exact.md): greedy identity must be total")
     args = parser.parse_args()
     if args.render is not None:
         result = json.loads(args.render.read_text())
     else:
         result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.auto_only,
-                     args.router_dir, args.corrupt_profile, args.lookup)
+                     args.router_dir, args.corrupt_profile, args.lookup, args.exact)
     write_report(result, args.out, args.stem)
 
 

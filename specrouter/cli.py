@@ -87,10 +87,13 @@ _profile_option = click.option(
 @click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context window per sequence.")
 @click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--exact", is_flag=True,
+              help="Exact kernels for llama.cpp models: greedy output of every chain equals the target alone's bit for bit "
+                   "(a one-token forward then costs a four-token one; docs/bit-exact.md).")
 @_profile_option
 @_cache_option
 def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temperature, top_k, top_p, seed, max_tokens, stop,
-             n_ctx, threads, as_json, profile_file, cache_dir) -> None:
+             n_ctx, threads, as_json, exact, profile_file, cache_dir) -> None:
     """Generate text with a chain of models."""
     if (prompt is None) == (chat is None):
         raise InvalidParameterError("give exactly one of --prompt TEXT or --chat TEXT")
@@ -104,7 +107,7 @@ def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temper
     if not auto and (target or explain or profile_file or lookup):
         raise InvalidParameterError("--target, --explain, --lookup and --profile work with --chain auto; "
                                     "an explicit chain ends at its target")
-    pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1)
+    pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1, exact=exact)
     router = None
     try:
         if auto:
@@ -218,11 +221,17 @@ def _summary(r: GenerationResult) -> str:
               help="The suffix lookup's cross-request memory: requests share texts with the same API key (per-key, "
                    "the default), with all (shared), or none (off).")
 @click.option("--memory-tokens", type=int, help="Tokens the cross-request memory keeps (default 2,000,000).")
+@click.option("--max-body-bytes", type=int, help="Largest request body; a larger one is refused before it is read (default 4 MiB).")
+@click.option("--allowed-hosts", help="Comma-separated Host names served, '*' for any (default: loopback names when "
+                                      "bound to loopback, else any).")
+@click.option("--exact", is_flag=True, default=None,
+              help="Exact kernels for llama.cpp models: greedy output of every chain equals the target alone's bit for bit "
+                   "(a one-token forward then costs a four-token one; docs/bit-exact.md).")
 @_profile_option
 @_cache_option
 def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, max_queue,
               max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, memory, memory_tokens,
-              profile_file, cache_dir) -> None:
+              max_body_bytes, allowed_hosts, exact, profile_file, cache_dir) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra)."""
     try:
         from specrouter.server.config import load_config
@@ -236,7 +245,9 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, 
         target=target, chain=chain, lookup=lookup, n_ctx=n_ctx, threads=threads, device=device, max_batch=max_batch,
         max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key,
-        memory=memory, memory_tokens=memory_tokens, profile=profile_file, cache_dir=cache_dir,
+        memory=memory, memory_tokens=memory_tokens, max_body_bytes=max_body_bytes,
+        allowed_hosts=[h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None,
+        exact=exact, profile=profile_file, cache_dir=cache_dir,
     )
     serve(config)
 
@@ -272,14 +283,15 @@ def models_cmd(cache_dir) -> None:
 @click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
 @click.option("--load", "load_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Show a saved profile (--json's, or the GPU check's) instead of measuring.")
+@click.option("--exact", is_flag=True, help="Profile the exact kernels (generate/serve --exact), kept apart from the default ones.")
 @_cache_option
-def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, cache_dir) -> None:
+def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exact, cache_dir) -> None:
     """Measure (or show the cached) seconds of a forward over n tokens, per model."""
     from specrouter.router.profiler import PROFILE_BATCHES, load_or_profile, profile_lookups, read_profile
 
     if load_file is not None:
-        if model_specs or force:
-            raise InvalidParameterError("--load shows a saved profile: it measures nothing (no --models, --force)")
+        if model_specs or force or exact:
+            raise InvalidParameterError("--load shows a saved profile: it measures nothing (no --models, --force, --exact)")
         profile = read_profile(load_file)
     else:
         if repeats < 1:
@@ -287,7 +299,7 @@ def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, cach
         specs = parse_chain(model_specs) if model_specs else _pulled_pool(cache_dir)
         if not specs:
             raise InvalidParameterError("no model to profile: run `specrouter pull`, or give --models")
-        pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=max(PROFILE_BATCHES))
+        pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=max(PROFILE_BATCHES), exact=exact)
         try:
             models = [pool.model(s) for s in specs if s not in MODEL_FREE]
             profile = load_or_profile(models, repeats=repeats, force=force)

@@ -58,6 +58,9 @@ class Pool:
     device: str = "cpu"
     #: dtype of torch models given as a folder path (pool names carry their own).
     torch_dtype: str = "float32"
+    #: Exact kernels for llama.cpp models (backends/llamacpp.py): every verified row
+    #: bit-identical to one-token decoding; torch models cannot join such a pool.
+    exact: bool = False
     _loaded: dict[str, Backend] = field(default_factory=dict)
 
     def level(self, spec: str) -> Level:
@@ -87,11 +90,15 @@ class Pool:
 
             name = spec if spec in DEFAULT_POOL else Path(spec).stem
             self._loaded[key] = LlamaCppBackend(
-                path, name=name, n_ctx=self.n_ctx, n_seq_max=self.n_seq_max, n_threads=self.n_threads
+                path, name=name, n_ctx=self.n_ctx, n_seq_max=self.n_seq_max, n_threads=self.n_threads,
+                exact=self.exact,
             )
         return self._loaded[key]
 
     def _torch(self, folder: Path, name: str, dtype: str) -> Backend:
+        if self.exact:
+            raise InvalidParameterError(f"exact mode covers llama.cpp models only, not the torch model {name} "
+                                        "(docs/bit-exact.md)")
         key = f"{folder.resolve()}|torch|{dtype}|{self.device}"
         if key not in self._loaded:
             try:

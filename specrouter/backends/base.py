@@ -53,6 +53,9 @@ class TimingKey:
     n_threads: int | None = None
     #: The GPU the model runs on (its name), None on a CPU.
     gpu: str | None = None
+    #: Which kernels compute a forward: "default", or "exact" (llamacpp.py: every forward
+    #: padded to rows the batched kernels treat alike), whose costs differ.
+    kernels: str = "default"
 
 
 class Backend(ABC):
@@ -108,7 +111,10 @@ class Backend(ABC):
 
     # Tokenizer ---------------------------------------------------------------
     @abstractmethod
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Token ids of text; add_special: BOS where the model wants one; parse_special: text
+        such as `<|im_start|>` becomes its control token (False: plain text, as a user's
+        words must be)."""
 
     def token_bytes(self, token: int) -> bytes:
         """The raw bytes of one token (may be part of a UTF-8 character); cached."""

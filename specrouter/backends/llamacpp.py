@@ -5,6 +5,25 @@ logits for every position of a verified run and per-sequence KV removal, so we d
 llama_decode with our own batch: each token carries its absolute position and its
 sequence id, and only the positions whose logits are needed are marked as outputs.
 One context holds up to n_seq_max sequences in a unified KV cache.
+
+Exact kernels (`exact=True`, docs/bit-exact.md has the kernel paths and measurements):
+llama.cpp's CPU backend computes a row of a forward with other kernels depending on how
+many rows the forward has, so a token verified in a block of k gets logits that differ
+(by up to ~0.6 on the 1.5B q4) from the same token decoded alone, and greedy ties flip.
+In exact mode every row is computed by one path whatever the batch:
+- repacked quantized weights run their 4-row GEMM on every group of 4 rows and a GEMV on
+  the rest (ggml-cpu/repack.cpp, forward_mul_mat), so every forward is padded to a multiple
+  of EXACT_ROWS rows with rows of a scratch sequence (positions 0.., removed after), all
+  of them with logits when the forward has any (the output rows go through the last
+  layer and the output matrix as a batch of their own);
+- ggml's tiled K-quant matmul (ggml-cpu/tiled, used from 8 rows on for weights that are
+  not repacked) is switched off for the process (GGML_CPU_TILED_MM=0, read once by ggml:
+  exact mode must be chosen before any llama.cpp forward runs in the process);
+- flash attention is off: its CPU kernel splits the KV range of a single row across
+  threads (from 512 KV cells) and tiles 64 rows and more, three orders of summation;
+  without it attention is two matmuls (tinyBLAS from 2 rows on) and a row-wise softmax.
+Measured (docs/bit-exact.md): logits of blocks of 1..65 tokens equal one-token decoding
+bitwise, at 100 to 1,500 tokens of context; a one-row forward then costs a four-row one.
 """
 
 from __future__ import annotations
@@ -16,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrouter.backends.base import ForwardBackend, Run
+from specrouter.backends.base import ForwardBackend, Run, TimingKey
 from specrouter.errors import BackendError, ModelFileError
 
 try:
@@ -27,6 +46,21 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 _INITIALISED = False
+#: An exact backend pads every forward to a multiple of this many rows (the repacked GEMM's group).
+EXACT_ROWS = 4
+#: ggml's switch of its tiled K-quant matmul, read once per process at the first forward.
+_TILED_ENV = "GGML_CPU_TILED_MM"
+_FORWARDS_RAN = False  # whether any llama.cpp forward ran in this process
+
+
+def _exact_process() -> None:
+    """The process-wide part of exact mode: ggml's tiled matmul off, before its first use."""
+    if os.environ.get(_TILED_ENV) == "0":
+        return
+    if _FORWARDS_RAN:
+        raise BackendError("exact kernels must be chosen before any llama.cpp model runs in this process "
+                           f"(ggml reads {_TILED_ENV} once): load the exact model first, or set {_TILED_ENV}=0")
+    os.environ[_TILED_ENV] = "0"
 
 
 @_ll.llama_log_callback
@@ -54,13 +88,20 @@ class LlamaCppBackend(ForwardBackend):
         n_seq_max: int = 4,
         n_threads: int | None = None,
         n_batch: int = 512,
+        exact: bool = False,
     ) -> None:
+        """exact: every forward's rows bit-identical to one-token decoding (module docstring)."""
         super().__init__()
+        if exact and n_batch % EXACT_ROWS:
+            raise ValueError(f"exact mode needs n_batch to be a multiple of {EXACT_ROWS}, got {n_batch}")
         path = Path(path)
         self.name = name or path.stem
         self.path = path
         _check_gguf(path)
         _init_once()
+        self.exact = exact
+        if exact:
+            _exact_process()
         mparams = _ll.llama_model_default_params()
         mparams.n_gpu_layers = 0
         self._model = _ll.llama_model_load_from_file(str(path).encode(), mparams)
@@ -74,10 +115,15 @@ class LlamaCppBackend(ForwardBackend):
         self.n_threads = n_threads or os.cpu_count() or 1
 
         cparams = _ll.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx * n_seq_max  # unified cache: any sequence can reach n_ctx
+        # Unified cache: any sequence can reach n_ctx (plus the padding rows in exact mode).
+        cparams.n_ctx = self.n_ctx * n_seq_max + (EXACT_ROWS if exact else 0)
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
-        cparams.n_seq_max = n_seq_max
+        #: The sequence whose rows pad an exact forward (None: not exact).
+        self._scratch = n_seq_max if exact else None
+        cparams.n_seq_max = n_seq_max + exact
+        if exact:
+            cparams.flash_attn_type = _ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         cparams.kv_unified = True
@@ -111,7 +157,9 @@ class LlamaCppBackend(ForwardBackend):
 
     def _decode_runs(self, runs: Sequence[Run], logits: bool) -> None:
         """Fill the batch with runs (seq, tokens, first position) and llama_decode it, with
-        a logits row for every token or for none."""
+        a logits row for every token or for none (exact mode: padded with scratch rows)."""
+        global _FORWARDS_RAN
+        _FORWARDS_RAN = True
         b = self._batch
         i = 0
         for seq, tokens, pos in runs:
@@ -122,8 +170,14 @@ class LlamaCppBackend(ForwardBackend):
                 b.seq_id[i][0] = seq
                 b.logits[i] = logits
                 i += 1
+        pad = (-i) % EXACT_ROWS if self._scratch is not None else 0
+        for j in range(pad):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = 0, j, 1, self._scratch, logits
+            i += 1
         b.n_tokens = i
         rc = _ll.llama_decode(self._ctx, b)
+        if pad:
+            _ll.llama_memory_seq_rm(self._mem, self._scratch, -1, -1)
         if rc != 0:
             where = ", ".join(f"seq {s} positions {p}..{p + len(t) - 1}" for s, t, p in runs)
             raise BackendError(f"{self.name}: llama_decode failed with code {rc} ({where})")
@@ -142,13 +196,16 @@ class LlamaCppBackend(ForwardBackend):
         if seq not in self._free_slots:
             self._free_slots.append(seq)
 
+    def timing_key(self) -> TimingKey:
+        return TimingKey(self.kind, self.path, None, self.n_threads, kernels="exact" if self.exact else "default")
+
     # Tokenizer -----------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         size = len(data) + 8
         for _ in range(2):
             buf = (_ll.llama_token * size)()
-            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
+            n = _ll.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, parse_special)
             if n >= 0:
                 return list(buf[:n])
             size = -n

@@ -130,8 +130,8 @@ class SyntheticBackend(Backend):
         return list(self._kv[seq])
 
     # Tokenizer: one character per token, id = ord(c) % vocab ------------------------
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return [ord(c) % self.n_vocab for c in text]
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return [ord(c) % self.n_vocab for c in text]  # no special tokens: one id per character
 
     def _piece(self, token: int) -> bytes:
         return chr(ord("a") + token).encode() if token < 26 else f"<{token}>".encode()

@@ -340,8 +340,8 @@ class TorchBackend(ForwardBackend):
         return int(self._cache(seq).get_seq_length())
 
     # Tokenizer -----------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        return list(self._tok(text, add_special_tokens=add_special)["input_ids"])
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return list(self._tok(text, add_special_tokens=add_special, split_special_tokens=not parse_special)["input_ids"])
 
     def token_text(self, token: int) -> bytes:
         return self._texts.text(token)

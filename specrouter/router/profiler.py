@@ -271,11 +271,15 @@ def profile_key(backend: Backend) -> dict:
         "n_threads": key.n_threads,
         "cpu": cpu_model(),
         "gpu": key.gpu,
+        "kernels": key.kernels,
     }
 
 
 def _cache_file(directory: Path, backend: Backend, kind: str = "") -> Path:
-    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in backend.name)
+    """One file per model and kernels (a model profiled in both modes keeps both)."""
+    kernels = backend.timing_key().kernels
+    name = backend.name if kernels == "default" else f"{backend.name}-{kernels}"
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
     return directory / f"{safe}{kind}.json"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 import secrets
 import time
@@ -35,7 +36,11 @@ from specrouter.engine.speculation import Speculation
 from specrouter.errors import BackendError, InvalidChainError, InvalidTokenIdError, SpecRouterError
 from specrouter.server import schemas as s
 from specrouter.server.config import ServeConfig
+from specrouter.server.guard import RequestGuard, default_allowed_hosts
 from specrouter.server.service import Handle, QueueFullError, RequestTimeoutError, Service, ServiceStoppedError
+
+
+log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -63,10 +68,17 @@ def _from_exception(exc: Exception) -> APIError:
         # EmptyPromptError -> "empty_prompt": the error type names the problem.
         code = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__.removesuffix("Error")).lower()
         return APIError(400, str(exc), param=_PARAMS.get(type(exc)), code=code)
-    return APIError(500, f"internal error: {exc}", "server_error")
+    log.error("request failed", exc_info=exc)  # the details go to the log, never to the client
+    return APIError(500, "internal error (the server's log has the details)", "server_error")
+
+
+#: Seconds a client is told to wait before retrying a 429 (queue full) or a 503 (shutting down).
+RETRY_AFTER = 1
 
 
 def _error_json(err: APIError, headers: dict | None = None) -> JSONResponse:
+    if err.status in (429, 503):
+        headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER)}
     return JSONResponse(err.body.model_dump(), status_code=err.status, headers=headers)
 
 
@@ -114,6 +126,8 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
     app = FastAPI(title="specrouter", summary="Lossless speculative decoding, OpenAI-compatible API",
                   lifespan=lifespan)
     _install_error_handlers(app)
+    app.add_middleware(RequestGuard, max_body_bytes=config.max_body_bytes, api_key=config.api_key,
+                       allowed_hosts=config.allowed_hosts or default_allowed_hosts(config.host))
     bearer = HTTPBearer(auto_error=False)
 
     async def check_key(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
@@ -139,6 +153,11 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
 
     async def generate(body, request: Request, tokens: list[int], max_tokens: int, prefix: str, chunks, whole):
         """Submit, then stream chunks(...) or answer whole(id, created, result)."""
+        if body.exact is not None and body.exact != config.exact:
+            raise APIError(400, f"this server runs {'exact' if config.exact else 'default'} kernels for every request: "
+                                f"exact={str(body.exact).lower()} cannot be honoured "
+                                f"({'restart it without' if config.exact else 'start it with'} --exact)",
+                           param="exact", code="unsupported_value")
         speculation = body.engine_speculation(service.levels, config.served)
         creds = await bearer(request)
         handle = await service.submit(_seq_request(body, tokens, max_tokens, speculation, memory_scope(body, creds)))

@@ -46,9 +46,15 @@ class ServeConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     api_key: str | None = Field(None, description="require `Authorization: Bearer <key>` on /v1")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="largest request body (413 beyond, refused "
+                                                                      "before it is read in full)")
+    allowed_hosts: list[str] | None = Field(None, description="Host header names served (\"*\": any; default: the "
+                                                              "loopback names when bound to loopback, else any)")
     memory: Literal["per-key", "shared", "off"] = Field(
         "per-key", description="the cross-request suffix memory of the suffix lookup: requests read and feed the "
                                "texts of requests with the same API key (per-key), of all (shared), or none (off)")
+    exact: bool = Field(False, description="exact kernels for llama.cpp models: greedy output of every chain equals "
+                                           "the target alone's bit for bit (docs/bit-exact.md)")
     memory_tokens: int = Field(DEFAULT_BUDGET, description="tokens the memory keeps (~24-32 bytes each, allocated "
                                                            "at start); the oldest are evicted")
 

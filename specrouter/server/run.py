@@ -18,7 +18,7 @@ def serve(config: ServeConfig) -> None:
 
     # One KV slot per model for every sequence that can run at once.
     pool = Pool(cache_dir=config.cache_dir, n_ctx=config.n_ctx, n_threads=config.threads,
-                n_seq_max=config.max_batch, device=config.device)
+                n_seq_max=config.max_batch, device=config.device, exact=config.exact)
     try:
         router = auto_router(pool, config.served, config.models, profile_file=config.profile, lookup=config.lookup,
                              memory=config.suffix_memory())

@@ -1,7 +1,8 @@
 """Request and response bodies of the HTTP API: OpenAI's shapes plus one extension.
 
 The extensions are `speculation` on a request ("auto", "off", or a fixed chain with draft
-lengths), `suffix_memory` on a request (false: opt out of the cross-request memory), and
+lengths), `suffix_memory` on a request (false: opt out of the cross-request memory), `exact`
+on a request (true: refused unless the server runs exact kernels, `serve --exact`), and
 `usage.speculation` on a response (what that request's chain did). Fields
 of OpenAI's API that the engine cannot honour (logprobs, n > 1, penalties...) are not
 declared: unknown fields are ignored, as OpenAI-compatible servers commonly do.
@@ -12,14 +13,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
 
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
-StopString = Annotated[str, Field(min_length=1)]
+
+
+def _encodable(text: object) -> object:
+    """Text that UTF-8 can carry: JSON's \\ud800 escapes decode to lone surrogates, which no
+    tokenizer can encode (a 400 naming the field, not a 500 from the backend). Checked
+    before the type (which has its own error for what is not a string)."""
+    if not isinstance(text, str):
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"invalid Unicode: a lone surrogate at character {exc.start}") from None
+    return text
+
+
+#: Every text field of a request.
+Text = Annotated[str, BeforeValidator(_encodable)]
+StopString = Annotated[str, Field(min_length=1), BeforeValidator(_encodable)]
+#: At most 8 stop strings (the limit is on the list: a single string may be of any length).
+StopList = Annotated[list[StopString], Field(max_length=8)]
 DraftLength = Annotated[int, Field(ge=1, le=32)]
 
 
@@ -48,13 +68,16 @@ class _Sampling(BaseModel):
     top_p: TopP = 1.0
     top_k: int = Field(0, ge=0, description="0 disables (extension, as in vLLM)")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: StopString | list[StopString] | None = Field(None, max_length=8)
+    stop: StopString | StopList | None = None
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculation: SpeculationField | None = Field(None, description="default: the server's chain setting")
     suffix_memory: StrictBool = Field(True, description="false: this request is neither drafted from the server's "
                                                         "cross-request suffix memory nor added to it (extension)")
+    exact: StrictBool | None = Field(None, description="true: greedy output bit-identical to the target alone's, "
+                                                       "which needs a server started with --exact; false: refused "
+                                                       "by such a server (extension)")
 
     @property
     def stop_list(self) -> list[str]:
@@ -73,17 +96,17 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[Annotated[int, Field(ge=0)]] = Field(description="text, or token ids")
+    prompt: Text | list[Annotated[int, Field(ge=0)]] = Field(description="text, or token ids")
 
 
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: Text | list[TextPart]
 
     @property
     def text(self) -> str:

@@ -141,8 +141,11 @@ class Service:
         try:
             if stopping:
                 raise ServiceStoppedError("the server is shutting down")
-            if self.scheduler.n_waiting >= self.max_queue:
-                raise QueueFullError(f"{self.scheduler.n_waiting} requests are already waiting "
+            # Waiting means beyond the free batch slots: a request that will take a free slot at
+            # the next step waits for nothing (max_queue 0: no waiting room, not no service).
+            queued = self.scheduler.n_waiting - (self.scheduler.max_batch - self.scheduler.n_active)
+            if queued >= self.max_queue:
+                raise QueueFullError(f"{queued} requests are already waiting for a batch slot "
                                      f"(max_queue {self.max_queue}); retry later")
             self.scheduler.add(handle.id, request)
         except Exception as exc:  # noqa: BLE001 - every admission error goes back to its request

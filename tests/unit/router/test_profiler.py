@@ -187,3 +187,22 @@ def test_the_gpu_check_profile_script_writes_what_the_router_reads(tmp_path):
     profile = read_profile(out)
     assert list(profile.tables) == ["llama-3.2-1b"] and set(profile.tables["llama-3.2-1b"]) == {1, 2, 4}
     assert all(s > 0 for s in profile.tables["llama-3.2-1b"].values())
+
+
+def test_exact_kernels_keep_a_profile_of_their_own(tmp_path):
+    """A model profiled with exact kernels (generate --exact) and with the default ones keeps
+    both tables: switching modes re-measures neither, and neither overwrites the other."""
+    from specrouter.backends.base import TimingKey
+
+    default = model(tmp_path)
+    exact = model(tmp_path)
+    exact.latency = linear(0.02, 0.002)  # another cost curve for the same file
+    exact.timing_key = lambda: TimingKey(exact.kind, exact.path, None, exact.n_threads, kernels="exact")
+    folder = tmp_path / "profiles"
+    first = load_or_profile([default], folder, repeats=1, progress=False, clock=lambda: default.simulated_seconds)
+    second = load_or_profile([exact], folder, repeats=1, progress=False, clock=lambda: exact.simulated_seconds)
+    assert (folder / "m.json").exists() and (folder / "m-exact.json").exists()
+    assert second.seconds("m", 1) == pytest.approx(2 * first.seconds("m", 1), rel=0.2)
+    calls = default.decode_calls
+    again = load_or_profile([default], folder, repeats=1, progress=False, clock=lambda: default.simulated_seconds)
+    assert default.decode_calls == calls and again.seconds("m", 1) == first.seconds("m", 1)

@@ -1,0 +1,95 @@
+"""Exact mode's checks, run in a process of their own (test_exact_real.py starts it): exact
+kernels switch ggml's tiled matmul off for the whole process, before any forward runs, so
+they cannot share the test session's process, whose models already ran.
+
+Prints one JSON object:
+- "blocks": per context, the k (1..24) whose block logits differ bitwise from one-token
+  decoding of the same tokens (expected: none), and whether a sequence decoded in one
+  forward with another got the rows it gets alone;
+- "greedy": per chain, the prompts whose greedy ids differ from the target alone's
+  (expected: none, with no near-tie escape).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.drafters.memory import SuffixMemory
+from specrouter.engine import generate
+from specrouter.pool import Pool
+from specrouter.router import auto_router
+
+SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
+BLOCK = 24
+TOKENS = 48
+CHAINS = {
+    "0.5b->1.5b": ([SMALL, TARGET], [4]),
+    "ngram->1.5b": (["ngram", TARGET], [4]),
+    "suffix->1.5b": (["suffix", TARGET], [16]),
+    "ngram->0.5b->1.5b": (["ngram", SMALL, TARGET], [3, 4]),
+    "suffix->0.5b->1.5b": (["suffix", SMALL, TARGET], [8, 4]),
+}
+
+
+def block_differences(target, context: list[int], continuation: list[int]) -> dict:
+    """k whose k-token block's logits differ from one-token decoding, on one sequence."""
+    seq = target.new_sequence()
+    try:
+        target.decode(seq, context, 0, 1)
+        start = len(context)
+        single = np.stack([target.decode(seq, [t], start + i, 1)[0] for i, t in enumerate(continuation)])
+        differ = []
+        for k in range(1, len(continuation) + 1):
+            target.remove(seq, start)
+            rows = target.decode(seq, continuation[:k], start, k)
+            if not np.array_equal(rows, single[:k]):
+                differ.append(k)
+        # Two sequences in one forward: each gets the rows it gets alone, as long as its KV
+        # cells lie where they lie alone (here: the other sequence's come after them).
+        other = target.new_sequence()
+        try:
+            target.remove(seq, start)
+            both = target.decode_batch([(seq, continuation[:5], start, 5), (other, context[:3], 0, 3)])
+            batch_same = bool(np.array_equal(both[0], single[:5]))
+        finally:
+            target.free_sequence(other)
+    finally:
+        target.free_sequence(seq)
+    return {"context": len(context), "differ": differ, "batch_same": batch_same}
+
+
+def main() -> None:
+    from .greedy_check import benchmark_prompts
+
+    pool = Pool(n_ctx=2048, n_seq_max=4, exact=True)
+    target = pool.model(TARGET)
+    text = Path(__file__).with_name("greedy_check.py").read_text() * 2
+    tokens = target.tokenize(text)
+    assert len(tokens) > 700 + BLOCK, len(tokens)
+    # 120 tokens: under 512 KV cells; 700: past them (where flash attention would split a row).
+    blocks = [block_differences(target, tokens[:n], tokens[n:n + BLOCK]) for n in (120, 700)]
+
+    prompts = benchmark_prompts(target, 4)
+    alone = pool.chain([TARGET])
+    references = {pid: generate(alone, toks, SamplingParams(), TOKENS).token_ids for pid, toks in prompts}
+    greedy = {}
+    for name, (specs, lengths) in CHAINS.items():
+        chain = pool.chain(specs, lengths)
+        greedy[name] = [pid for pid, toks in prompts
+                        if generate(chain, toks, SamplingParams(), TOKENS).token_ids != references[pid]]
+    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
+                         lookup="suffix", memory=SuffixMemory())
+    greedy["auto"] = [pid for pid, toks in prompts
+                      if generate(router, toks, SamplingParams(), TOKENS).token_ids != references[pid]]
+    pool.close()
+    json.dump({"blocks": blocks, "greedy": greedy, "prompts": [pid for pid, _ in prompts]}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Exact mode on the real pool: block logits bitwise equal to one-token decoding, and greedy
+ids of every chain of the default pool and of auto equal to the target alone's, with no
+near-tie escape (exact_check.py, in a process of its own)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specrouter.backends.llamacpp import LlamaCppBackend
+from specrouter.errors import BackendError
+
+from .conftest import TARGET
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def exact_results(pool):  # pool: the models are pulled (or the test skips / fails in CI)
+    done = subprocess.run([sys.executable, "-m", "tests.real.exact_check"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_blocks_of_1_to_24_tokens_equal_one_token_decoding_bitwise(exact_results):
+    for block in exact_results["blocks"]:
+        assert block["differ"] == [], block
+        assert block["batch_same"], block
+
+
+def test_every_chain_and_auto_match_the_target_alone_exactly(exact_results):
+    assert len(exact_results["prompts"]) == 8
+    assert exact_results["greedy"] == {name: [] for name in
+                                       ["0.5b->1.5b", "ngram->1.5b", "suffix->1.5b", "ngram->0.5b->1.5b",
+                                        "suffix->0.5b->1.5b", "auto"]}
+
+
+def test_exact_mode_after_a_forward_in_the_process_is_refused(pool):
+    target = pool.model(TARGET)
+    seq = target.new_sequence()
+    try:
+        target.decode(seq, [1, 2], 0, 1)  # a forward has run in this process
+    finally:
+        target.free_sequence(seq)
+    with pytest.raises(BackendError, match="before any llama.cpp model runs"):
+        LlamaCppBackend(pool.model(TARGET).path, exact=True)
