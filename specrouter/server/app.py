@@ -13,12 +13,11 @@ import asyncio
 import hashlib
 import logging
 import re
-import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -128,12 +127,8 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
     _install_error_handlers(app)
     app.add_middleware(RequestGuard, max_body_bytes=config.max_body_bytes, api_key=config.api_key,
                        allowed_hosts=config.allowed_hosts or default_allowed_hosts(config.host))
+    # The API key is checked by RequestGuard, before the body is read; this only reads it.
     bearer = HTTPBearer(auto_error=False)
-
-    async def check_key(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        key = config.api_key
-        if key is not None and (creds is None or not secrets.compare_digest(creds.credentials.encode(), key.encode())):
-            raise APIError(401, "missing or wrong API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
 
     def memory_scope(body, creds: HTTPAuthorizationCredentials | None) -> MemoryScope:
         """The request's part of the cross-request memory: none when it or the server opts out;
@@ -144,8 +139,18 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
             return MemoryScope()
         return MemoryScope(hashlib.sha256(creds.credentials.encode()).hexdigest())
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_key)], responses=_ERRORS)
+    v1 = APIRouter(prefix="/v1", responses=_ERRORS)
     model = service.model_name
+
+    def check_request(body) -> None:
+        """What a request must pass before its prompt is tokenized: the served model, and
+        the kernels the server runs (one kind for every request)."""
+        _check_model(body.model, model)
+        if body.exact is not None and body.exact != config.exact:
+            raise APIError(400, f"this server runs {'exact' if config.exact else 'default'} kernels for every request: "
+                                f"exact={str(body.exact).lower()} cannot be honoured "
+                                f"({'restart it without' if config.exact else 'start it with'} --exact)",
+                           param="exact", code="unsupported_value")
 
     @v1.get("/models")
     async def models() -> s.ModelList:
@@ -153,11 +158,6 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
 
     async def generate(body, request: Request, tokens: list[int], max_tokens: int, prefix: str, chunks, whole):
         """Submit, then stream chunks(...) or answer whole(id, created, result)."""
-        if body.exact is not None and body.exact != config.exact:
-            raise APIError(400, f"this server runs {'exact' if config.exact else 'default'} kernels for every request: "
-                                f"exact={str(body.exact).lower()} cannot be honoured "
-                                f"({'restart it without' if config.exact else 'start it with'} --exact)",
-                           param="exact", code="unsupported_value")
         speculation = body.engine_speculation(service.levels, config.served)
         creds = await bearer(request)
         handle = await service.submit(_seq_request(body, tokens, max_tokens, speculation, memory_scope(body, creds)))
@@ -173,7 +173,7 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
     @v1.post("/completions", response_model=s.Completion,
              responses={200: {"content": {"text/event-stream": {}}, "description": "with stream: server-sent events"}})
     async def completions(body: s.CompletionRequest, request: Request):
-        _check_model(body.model, model)
+        check_request(body)
         if isinstance(body.prompt, str):
             tokens = await asyncio.to_thread(service.target.tokenize, body.prompt)
         else:
@@ -189,7 +189,7 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
     @v1.post("/chat/completions", response_model=s.ChatCompletion,
              responses={200: {"content": {"text/event-stream": {}}, "description": "with stream: server-sent events"}})
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
-        _check_model(body.model, model)
+        check_request(body)
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         tokens = await asyncio.to_thread(chat_prompt_tokens, service.target, messages)
 
