@@ -227,11 +227,17 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--exact", is_flag=True, default=None,
               help="Exact kernels for llama.cpp models: greedy output of every chain equals the target alone's bit for bit "
                    "(a one-token forward then costs a four-token one; docs/bit-exact.md).")
+@click.option("--prefill-share", type=float, help="While streams decode, a long prompt is fed in chunks adding about "
+                                                  "this share to their steps (default 0.5; 0: fed whole).")
+@click.option("--max-prompt-tokens", type=int, help="Longest prompt in tokens (default: the context less one).")
+@click.option("--cors-origins", help="Comma-separated origins a browser may call the API from, '*' for any "
+                                     "(default: none).")
 @_profile_option
 @_cache_option
 def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, max_queue,
               max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, memory, memory_tokens,
-              max_body_bytes, allowed_hosts, exact, profile_file, cache_dir) -> None:
+              max_body_bytes, allowed_hosts, exact, prefill_share, max_prompt_tokens, cors_origins, profile_file,
+              cache_dir) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra)."""
     try:
         from specrouter.server.config import load_config
@@ -246,10 +252,15 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, 
         max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key,
         memory=memory, memory_tokens=memory_tokens, max_body_bytes=max_body_bytes,
-        allowed_hosts=[h.strip() for h in allowed_hosts.split(",") if h.strip()] if allowed_hosts else None,
-        exact=exact, profile=profile_file, cache_dir=cache_dir,
+        allowed_hosts=_names(allowed_hosts), exact=exact, prefill_share=prefill_share,
+        max_prompt_tokens=max_prompt_tokens, cors_origins=_names(cors_origins), profile=profile_file, cache_dir=cache_dir,
     )
     serve(config)
+
+
+def _names(flag: str | None) -> list[str] | None:
+    """A comma-separated flag's names (None when the flag is not given)."""
+    return [n.strip() for n in flag.split(",") if n.strip()] if flag else None
 
 
 @main.command("pull")

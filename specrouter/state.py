@@ -53,6 +53,10 @@ class SequenceState:
         """This sequence's id in the backend's cache (None before the model first computed for it)."""
         return self._slots.get(id(backend))
 
+    def kv_tokens(self) -> dict[str, int]:
+        """Per model holding a slot for this sequence, the tokens its cache holds."""
+        return {b.name: len(self._cached[key]) for key, b in self._backends.items()}
+
     def committed_length(self, backend: Backend, committed: Sequence[int]) -> int:
         """How many committed tokens this model's cache already holds."""
         return common_prefix(self._cached.get(id(backend), ()), committed)
@@ -68,6 +72,11 @@ class SequenceState:
         logits = backend.decode(*item)
         self.fed(backend, item[1])
         return logits
+
+    def to_feed(self, backend: Backend, tokens: Sequence[int], n_logits: int) -> int:
+        """How many tokens prepare() would have the backend evaluate for this request."""
+        cached = self._cached.get(id(backend), ())
+        return len(tokens) - min(common_prefix(cached, tokens), len(tokens) - n_logits)
 
     def prepare(self, backend: Backend, tokens: Sequence[int], n_logits: int) -> tuple[int, list[int], int, int]:
         """Roll the cache back to what it shares with `tokens` and return the backend call

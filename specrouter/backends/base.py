@@ -11,10 +11,13 @@ decode and decode_batch):
 
 - **Catch-up head, then logit tail.** A call feeds `tokens` of which only the last
   `n_logits` need logits (the state manager sends a drafter's missed tokens in front
-  of its new ones, or a whole prompt with one row wanted). The head is fed in forwards
-  of at most `n_batch` tokens without logits (`_feed`); the tails of all sequences of
-  a call then go through `_forward`, grouped so a group never exceeds `n_batch`
-  tokens. A backend implements only those two primitives.
+  of its new ones, or a whole prompt with one row wanted). What does not fit one forward
+  (all but the last `n_batch` tokens) is fed first in forwards of at most `n_batch`
+  tokens without logits (`_feed`); the rest of every sequence of a call, head and tail
+  together, then goes through `_forward`, grouped so a group never exceeds `n_batch`
+  tokens: a prompt's chunk rides in the same forward as other sequences' decoding (a
+  forward's fixed cost, most of a token's on a CPU, is paid once). A backend implements
+  only those two primitives.
 - **Failure leaves the KV as it was**: if any forward of a call raises, every
   sequence of the call is rolled back to its `pos` (`_rollback`) before the error
   propagates, so the state manager's books and the cache never disagree.
@@ -38,8 +41,8 @@ from specrouter.errors import BackendError
 
 #: One decode item: (sequence, tokens, first position, rows of logits wanted).
 Item = tuple[int, Sequence[int], int, int]
-#: One forward run: (sequence, tokens, first position); every token gets a logits row.
-Run = tuple[int, Sequence[int], int]
+#: One forward run: (sequence, tokens, first position, rows of logits wanted: its last ones).
+Run = tuple[int, Sequence[int], int, int]
 
 
 @dataclass(frozen=True)
@@ -176,21 +179,21 @@ class ForwardBackend(Backend):
         return self.decode_batch([(seq, tokens, pos, n_logits)])[0]
 
     def decode_batch(self, items: Sequence[Item]) -> list[np.ndarray]:
-        """Each sequence appears at most once. The heads go first, per sequence; the tails
-        share forwards of at most n_batch tokens."""
+        """Each sequence appears at most once. What does not fit one forward goes first, per
+        sequence; the rest of every sequence shares forwards of at most n_batch tokens."""
         if len({seq for seq, *_ in items}) < len(items):
             raise ValueError("decode_batch: each sequence may appear once")
         for seq, tokens, pos, n_logits in items:
             self._check_item(seq, tokens, pos, n_logits)
         try:
-            tails: list[Run] = []
+            runs: list[Run] = []
             for seq, tokens, pos, n_logits in items:
-                head = len(tokens) - n_logits
-                for start in range(0, head, self.n_batch):
-                    self._feed(seq, tokens[start : min(start + self.n_batch, head)], pos + start)
-                tails.append((seq, tokens[head:], pos + head))
+                cut = max(0, len(tokens) - self.n_batch)
+                for start in range(0, cut, self.n_batch):
+                    self._feed(seq, tokens[start : min(start + self.n_batch, cut)], pos + start)
+                runs.append((seq, tokens[cut:], pos + cut, n_logits))
             out: list[np.ndarray] = []
-            for group in _groups(tails, self.n_batch):
+            for group in _groups(runs, self.n_batch):
                 out.extend(self._forward(group))
             return out
         except BaseException:
@@ -215,8 +218,8 @@ class ForwardBackend(Backend):
 
     @abstractmethod
     def _forward(self, runs: Sequence[Run]) -> list[np.ndarray]:
-        """One forward over runs of distinct sequences (at most n_batch tokens in all);
-        a logits row for every token of every run, one array per run."""
+        """One forward over runs of distinct sequences (at most n_batch tokens in all); per
+        run, the logits rows of its last n_logits tokens (n_logits >= 1), one array per run."""
 
     def _rollback(self, seq: int, pos: int) -> None:
         """Bring the sequence back to positions [0, pos) after a failed call."""
@@ -225,7 +228,7 @@ class ForwardBackend(Backend):
 
 def _groups(runs: Sequence[Run], limit: int) -> list[list[Run]]:
     """Consecutive runs packed into groups of at most `limit` tokens (a run longer than
-    the limit cannot occur: n_logits <= n_batch is checked)."""
+    the limit cannot occur: decode_batch fed what does not fit first)."""
     groups: list[list[Run]] = []
     size = limit + 1
     for run in runs:

@@ -13,9 +13,9 @@ many rows the forward has, so a token verified in a block of k gets logits that 
 In exact mode every row is computed by one path whatever the batch:
 - repacked quantized weights run their 4-row GEMM on every group of 4 rows and a GEMV on
   the rest (ggml-cpu/repack.cpp, forward_mul_mat), so every forward is padded to a multiple
-  of EXACT_ROWS rows with rows of a scratch sequence (positions 0.., removed after), all
-  of them with logits when the forward has any (the output rows go through the last
-  layer and the output matrix as a batch of their own);
+  of EXACT_ROWS rows with rows of a scratch sequence (positions 0.., removed after), of
+  them as many with logits as make the rows with logits a multiple too (the output rows go
+  through the last layer's FFN and the output matrix as a batch of their own);
 - ggml's tiled K-quant matmul (ggml-cpu/tiled, used from 8 rows on for weights that are
   not repacked) is switched off for the process (GGML_CPU_TILED_MM=0, read once by ggml:
   exact mode must be chosen before any llama.cpp forward runs in the process);
@@ -143,43 +143,50 @@ class LlamaCppBackend(ForwardBackend):
 
     # KV and compute (decode and decode_batch: ForwardBackend) -------------------------
     def _feed(self, seq: int, tokens: Sequence[int], pos: int) -> None:
-        self._decode_runs([(seq, tokens, pos)], logits=False)
+        self._decode_runs([(seq, tokens, pos, 0)])
 
     def _forward(self, runs: Sequence[Run]) -> list[np.ndarray]:
-        self._decode_runs(runs, logits=True)
-        rows = _ll.llama_get_logits(self._ctx)
-        flat = np.ctypeslib.as_array(rows, shape=(sum(len(t) for _, t, _ in runs), self.n_vocab))
+        self._decode_runs(runs)
+        rows = _ll.llama_get_logits(self._ctx)  # the rows of the tokens that asked, in batch order
+        flat = np.ctypeslib.as_array(rows, shape=(sum(n for *_, n in runs), self.n_vocab))
         out, offset = [], 0
-        for _, tokens, _ in runs:
-            out.append(flat[offset : offset + len(tokens)].copy())
-            offset += len(tokens)
+        for *_, n_logits in runs:
+            out.append(flat[offset : offset + n_logits].copy())
+            offset += n_logits
         return out
 
-    def _decode_runs(self, runs: Sequence[Run], logits: bool) -> None:
-        """Fill the batch with runs (seq, tokens, first position) and llama_decode it, with
-        a logits row for every token or for none (exact mode: padded with scratch rows)."""
+    def _decode_runs(self, runs: Sequence[Run]) -> None:
+        """Fill the batch with runs (seq, tokens, first position, n_logits: a logits row for
+        each of its last n_logits tokens) and llama_decode it (exact mode: padded with
+        scratch rows, as many with logits as make those a multiple of EXACT_ROWS)."""
         global _FORWARDS_RAN
         _FORWARDS_RAN = True
         b = self._batch
         i = 0
-        for seq, tokens, pos in runs:
+        for seq, tokens, pos, n_logits in runs:
+            first_row = len(tokens) - n_logits
             for j, token in enumerate(tokens):
                 b.token[i] = token
                 b.pos[i] = pos + j
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq
-                b.logits[i] = logits
+                b.logits[i] = j >= first_row
                 i += 1
-        pad = (-i) % EXACT_ROWS if self._scratch is not None else 0
+        # Exact mode: the rows with logits (the last layer's FFN and the output matrix see
+        # only those) and all rows are both padded to multiples of EXACT_ROWS.
+        pad_out = pad = 0
+        if self._scratch is not None:
+            pad_out = (-sum(n for *_, n in runs)) % EXACT_ROWS
+            pad = pad_out + (-(i + pad_out)) % EXACT_ROWS
         for j in range(pad):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = 0, j, 1, self._scratch, logits
+            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = 0, j, 1, self._scratch, j < pad_out
             i += 1
         b.n_tokens = i
         rc = _ll.llama_decode(self._ctx, b)
         if pad:
             _ll.llama_memory_seq_rm(self._mem, self._scratch, -1, -1)
         if rc != 0:
-            where = ", ".join(f"seq {s} positions {p}..{p + len(t) - 1}" for s, t, p in runs)
+            where = ", ".join(f"seq {s} positions {p}..{p + len(t) - 1}" for s, t, p, _ in runs)
             raise BackendError(f"{self.name}: llama_decode failed with code {rc} ({where})")
 
     def remove(self, seq: int, start: int) -> None:

@@ -208,9 +208,10 @@ class TorchBackend(ForwardBackend):
 
     def _forward(self, runs: Sequence[Run]) -> list[np.ndarray]:
         if len(runs) == 1:
-            seq, tokens, pos = runs[0]
-            return [self._run(self._cache(seq), tokens, pos, len(tokens))]
-        return self._forward_batch([self._cache(seq) for seq, _, _ in runs], [list(t) for _, t, _ in runs])
+            seq, tokens, pos, n_logits = runs[0]
+            return [self._run(self._cache(seq), tokens, pos, n_logits)]
+        rows = self._forward_batch([self._cache(seq) for seq, *_ in runs], [list(t) for _, t, _, _ in runs])
+        return [r[len(r) - n_logits :] for r, (*_, n_logits) in zip(rows, runs)]
 
     def _rollback(self, seq: int, pos: int) -> None:
         if seq in self._caches:

@@ -5,6 +5,10 @@ step() in a loop; every step returns the events it produced (text deltas, finish
 results, failures). Requests join and leave between steps (continuous batching); a
 finished or cancelled request releases its KV slots at once.
 
+Chunked prefill (prefill.py): while some sequence decodes, a forward that must first feed
+a long head (a new prompt, a draft model's catch-up) is fed in chunks across steps, riding
+in its model's call with the decoding forwards, so no prompt stalls the running streams.
+
 Not thread-safe: one thread owns a scheduler and every backend it uses.
 """
 
@@ -14,12 +18,14 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
 from specrouter.cascade.chain import Chain, EvalRequest, execute
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import MemoryScope
+from specrouter.engine.prefill import PREFILL_SHARE, ChunkedPrefill
 from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
 from specrouter.engine.speculation import Speculation, check_chain
 from specrouter.errors import InvalidParameterError
@@ -72,6 +78,23 @@ class _Active:
         return Delta(rid, text, tokens)
 
 
+@dataclass
+class KvUse:
+    """One model's KV cache: sequences holding cells in it, and the tokens they hold."""
+
+    sequences: int = 0
+    tokens: int = 0
+
+
+class _Call(NamedTuple):
+    """One sequence's part of a step's call: its pending forward, or a chunk of it."""
+
+    rid: str
+    active: _Active
+    request: EvalRequest
+    chunk: int = 0  # tokens it feeds as a chunk (0: the whole forward)
+
+
 class BatchScheduler:
     """Advances every active sequence cycle by cycle; one step serves, per model, the
     forwards that all sequences wait for in ONE decode_batch call (a sequence that drafts
@@ -83,10 +106,14 @@ class BatchScheduler:
     A failing target fails only the requests it served."""
 
     def __init__(self, plan: Planner, max_batch: int = 8, stall_seconds: float | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, prefill_share: float | None = PREFILL_SHARE) -> None:
+        """prefill_share: the share of a decoding step a step may add by feeding chunks of
+        long prompts (prefill.py; None: every forward runs whole)."""
         if max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
         self.plan, self.max_batch, self.stall_seconds, self.clock = plan, max_batch, stall_seconds, clock
+        #: The chunked-prefill policy (None: none).
+        self.prefill = ChunkedPrefill(prefill_share) if prefill_share is not None else None
         self._waiting: deque[tuple[str, SequenceRun]] = deque()
         self._active: dict[str, _Active] = {}
         #: Per model name, how many of its calls served B sequences: {B: calls} (bounded, for long runs).
@@ -99,6 +126,16 @@ class BatchScheduler:
     @property
     def n_waiting(self) -> int:
         return len(self._waiting)
+
+    def kv_use(self) -> dict[str, KvUse]:
+        """Per model, the sequences holding KV cells in it and the tokens those hold (active
+        requests: a waiting one holds none)."""
+        use: dict[str, KvUse] = {}
+        for a in self._active.values():
+            for name, tokens in a.run.state.kv_tokens().items():
+                u = use.setdefault(name, KvUse())
+                u.sequences, u.tokens = u.sequences + 1, u.tokens + tokens
+        return use
 
     def add(self, request_id: str, request: SeqRequest) -> None:
         """Queue a request; bad input raises here (SpecRouterError), before anything runs."""
@@ -132,13 +169,30 @@ class BatchScheduler:
         for rid, a in list(self._active.items()):
             if a.steps is None:
                 self._start_cycle(rid, a, events)
-        groups: dict[int, list[tuple[str, _Active]]] = {}
-        for rid, a in self._active.items():
-            if a.pending is not None:
-                groups.setdefault(id(a.pending.backend), []).append((rid, a))
-        for group in groups.values():
-            self._serve(group, events)
+        calls = self._split([(rid, a) for rid, a in self._active.items() if a.pending is not None])
+        seconds = sum(self._serve(group, events) for group in _by_backend(calls))
+        if self.prefill is not None:
+            self.prefill.step_done(seconds)
         return events
+
+    def _split(self, pending: list[tuple[str, _Active]]) -> list[_Call]:
+        """The step's calls: the forwards run whole, and chunks of those the prefill policy
+        feeds in parts (prefill.py); a forward it leaves waiting is not called this step."""
+        calls = [_Call(rid, a, a.pending) for rid, a in pending]
+        if self.prefill is None:
+            return calls
+        heads = [a.run.state.to_feed(r.backend, r.tokens, r.n_logits) - r.n_logits for _, a, r, _ in calls]
+        out = []
+        for call, head, take in zip(calls, heads, self.prefill.plan([(id(c.request.backend), h)
+                                                                      for c, h in zip(calls, heads)])):
+            if take == 0:
+                out.append(call)
+            elif take > 0:
+                r = call.request
+                # The cache holds all but the last head + n_logits tokens: feed `take` more.
+                end = len(r.tokens) - head - r.n_logits + take
+                out.append(_Call(call.rid, call.active, EvalRequest(r.level, r.backend, r.tokens[:end], 1), take))
+        return out
 
     def close(self) -> None:
         for rid in list(self._active):
@@ -161,27 +215,34 @@ class BatchScheduler:
         except Exception as exc:  # noqa: BLE001 - the request fails, the others go on
             self._fail(rid, a, exc, events)
 
-    def _serve(self, group: list[tuple[str, _Active]], events: list[Event]) -> None:
-        backend = group[0][1].pending.backend
+    def _serve(self, group: list[_Call], events: list[Event]) -> float:
+        """One call of one backend; its seconds. A chunk's logits row is dropped (its
+        request stays pending: the next steps feed the rest)."""
+        backend = group[0].request.backend
         try:
-            outputs = execute([(a.run.state, a.pending) for _, a in group], self.clock)
+            outputs = execute([(c.active.run.state, c.request) for c in group], self.clock)
         except Exception as exc:  # noqa: BLE001 - isolated to the requests of this call
-            for rid, a in group:
-                self._model_failed(rid, a, backend, exc, events)
-            return
+            for c in group:
+                self._model_failed(c.rid, c.active, backend, exc, events)
+            return 0.0
         self.batch_sizes.setdefault(backend.name, Counter())[len(group)] += 1
-        seconds = group[0][1].pending.seconds
-        if self.stall_seconds is not None and seconds > self.stall_seconds and backend is not group[0][1].run.target:
-            for rid, a in group:  # a cycle waiting on it again would stall again: rerun it without it
-                self._drop(a, backend)
-            return
-        for (rid, a), logits in zip(group, outputs):
+        seconds = group[0].request.seconds
+        if self.stall_seconds is not None and seconds > self.stall_seconds and backend is not group[0].active.run.target:
+            for c in group:  # a cycle waiting on it again would stall again: rerun it without it
+                self._drop(c.active, backend)
+            return seconds
+        if self.prefill is not None:
+            self.prefill.timed(id(backend), seconds, sum(not c.chunk for c in group), sum(c.chunk for c in group))
+        for (rid, a, request, chunk), logits in zip(group, outputs):
+            if chunk:
+                continue
             try:
                 a.pending = a.steps.send(logits)
             except StopIteration as done:
                 self._end_cycle(rid, a, done.value, events)
             except Exception as exc:  # noqa: BLE001
                 self._fail(rid, a, exc, events)
+        return seconds
 
     def _end_cycle(self, rid: str, a: _Active, new: list[int], events: list[Event]) -> None:
         a.steps = a.pending = None
@@ -223,6 +284,15 @@ class BatchScheduler:
         a.steps = a.pending = None
         a.run.abandon_cycle()
         a.run.drop_model(backend.name)
+
+
+def _by_backend(calls: list[_Call]) -> list[list[_Call]]:
+    """The calls grouped per backend (one decode_batch call each), in first-seen order;
+    in a group the whole forwards come first (the first request reports the call's cost)."""
+    groups: dict[int, list[_Call]] = {}
+    for call in sorted(calls, key=lambda c: c.chunk > 0):
+        groups.setdefault(id(call.request.backend), []).append(call)
+    return list(groups.values())
 
 
 def pool_planner(pool, target: str, router=None, default: Speculation = Speculation()) -> Planner:

@@ -16,9 +16,11 @@ import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -32,7 +34,7 @@ from specrouter.drafters.memory import OPTED_OUT, MemoryScope
 from specrouter.engine.batch import SeqRequest
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
-from specrouter.errors import BackendError, InvalidChainError, InvalidTokenIdError, SpecRouterError
+from specrouter.errors import BackendError, InvalidChainError, InvalidTokenIdError, PromptTooLongError, SpecRouterError
 from specrouter.server import schemas as s
 from specrouter.server.config import ServeConfig
 from specrouter.server.guard import RequestGuard, default_allowed_hosts
@@ -127,6 +129,10 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
     _install_error_handlers(app)
     app.add_middleware(RequestGuard, max_body_bytes=config.max_body_bytes, api_key=config.api_key,
                        allowed_hosts=config.allowed_hosts or default_allowed_hosts(config.host))
+    if config.cors_origins:  # outermost: a browser's preflight is answered before the key is asked for
+        app.add_middleware(CORSMiddleware, allow_origins=config.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    limit = PromptLimit.of(service.target, config.max_prompt_tokens)
     # The API key is checked by RequestGuard, before the body is read; this only reads it.
     bearer = HTTPBearer(auto_error=False)
 
@@ -175,9 +181,11 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
     async def completions(body: s.CompletionRequest, request: Request):
         check_request(body)
         if isinstance(body.prompt, str):
+            limit.check_text([body.prompt])
             tokens = await asyncio.to_thread(service.target.tokenize, body.prompt)
         else:
             tokens = body.prompt  # ids are checked with the rest of the prompt (engine.request.check_prompt)
+        limit.check_tokens(tokens)
 
         def whole(ident: str, created: int, r: GenerationResult) -> s.Completion:
             return s.Completion(id=ident, created=created, model=model, usage=s.Usage.of(r),
@@ -191,7 +199,9 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
         check_request(body)
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
+        limit.check_text([m["content"] for m in messages])
         tokens = await asyncio.to_thread(chat_prompt_tokens, service.target, messages)
+        limit.check_tokens(tokens)
 
         def whole(ident: str, created: int, r: GenerationResult) -> s.ChatCompletion:
             return s.ChatCompletion(id=ident, created=created, model=model, usage=s.Usage.of(r),
@@ -214,6 +224,36 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
         return Response(service.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+@dataclass(frozen=True)
+class PromptLimit:
+    """The longest prompt a request may send, in tokens, and the bound on its characters that
+    already tells, before tokenizing: no token of the vocabulary spells more than
+    `chars_per_token` characters (its longest text in bytes, which is at least its
+    characters), so a text of more than tokens x chars_per_token characters has more than
+    `tokens` tokens, whatever it says: a huge text is refused without the CPU time of
+    tokenizing it."""
+
+    tokens: int
+    chars_per_token: int
+
+    @classmethod
+    def of(cls, target, max_prompt_tokens: int | None) -> PromptLimit:
+        """max_prompt_tokens, or the target's context less the one position generation needs."""
+        longest = max((len(text) for text in target.vocab_texts()), default=1)
+        return cls(max_prompt_tokens or target.n_ctx - 1, max(1, longest))
+
+    def check_text(self, texts: list[str]) -> None:
+        chars = sum(len(t) for t in texts)
+        if chars > self.tokens * self.chars_per_token:
+            raise PromptTooLongError(f"the prompt has {chars} characters: more than the {self.tokens} tokens a prompt "
+                                     f"may have, whatever they are (no token spells more than "
+                                     f"{self.chars_per_token}); shorten it")
+
+    def check_tokens(self, tokens: list[int]) -> None:
+        if len(tokens) > self.tokens:
+            raise PromptTooLongError(f"the prompt has {len(tokens)} tokens; at most {self.tokens} are accepted")
 
 
 def _check_model(requested: str, served: str) -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.drafters.memory import DEFAULT_BUDGET, SuffixMemory
+from specrouter.engine.prefill import PREFILL_SHARE
 from specrouter.engine.request import check_max_tokens
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError
@@ -40,7 +41,17 @@ class ServeConfig(BaseModel):
     max_queue: int = Field(32, ge=0, description="requests waiting for a batch slot before 429")
     max_tokens: int = Field(256, description="a request's max_tokens when it gives none (an integer >= 1)")
     request_timeout: float = Field(600.0, ge=0, description="seconds before a request is cancelled (0: never)")
-    shutdown_timeout: float = Field(30.0, ge=0, description="seconds in-flight requests may finish on shutdown")
+    shutdown_timeout: float = Field(30.0, ge=0, description="seconds in-flight requests may finish on shutdown "
+                                                           "(SIGTERM: new ones get 503; those left then end with "
+                                                           "an error)")
+    prefill_share: float = Field(PREFILL_SHARE, ge=0, description="while streams decode, a long prompt is fed in "
+                                                                   "chunks that add about this share to their steps "
+                                                                   "(0: fed whole, stalling them)")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="longest prompt in tokens (default: the context "
+                                                                  "less one); longer is a 400, checked on characters "
+                                                                  "before tokenizing where that already tells")
+    cors_origins: list[str] | None = Field(None, description="origins a browser may call the API from (\"*\": any; "
+                                                             "default: none, no CORS headers)")
     stall_seconds: float = Field(0.0, ge=0, description="a draft model call slower than this is dropped from its "
                                                        "requests (0: never)")
     host: str = "127.0.0.1"

@@ -7,8 +7,11 @@ counters. Counters are exposed with prometheus_client's `_total` suffix, as vLLM
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from specrouter.engine.batch import KvUse
 from specrouter.engine.request import GenerationResult
 
 # vLLM's buckets: from one fast token to a long prompt on a busy CPU.
@@ -47,8 +50,23 @@ class Metrics:
                                        "accepted.", ["level"], registry=reg)
         self.forwards = Counter(p + "spec_decode_num_forwards", "Model calls per level (0 for ngram).", ["level"],
                                 registry=reg)
+        self.kv_sequences = Gauge(p + "kv_sequences", "Sequences holding KV cells in a model now.", ["model"],
+                                  registry=reg)
+        self.kv_tokens = Gauge(p + "kv_tokens", "Tokens held in a model's KV cache now, all sequences.", ["model"],
+                               registry=reg)
+        self._kv_models: set[str] = set()
         self.chain_cycles = Counter(p + "spec_decode_chain_cycles", "Cycles run per chain (the router's choices).",
                                     ["chain"], registry=reg)
+
+    def kv(self, use: Mapping[str, KvUse]) -> None:
+        """The live KV use per model (after every scheduler step); a model no sequence holds reads 0."""
+        for name in self._kv_models - use.keys():
+            self.kv_sequences.labels(name).set(0)
+            self.kv_tokens.labels(name).set(0)
+        for name, u in use.items():
+            self.kv_sequences.labels(name).set(u.sequences)
+            self.kv_tokens.labels(name).set(u.tokens)
+        self._kv_models |= use.keys()
 
     def finished(self, result: GenerationResult) -> None:
         self.success.labels(result.finish_reason).inc()

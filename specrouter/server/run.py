@@ -14,6 +14,7 @@ def serve(config: ServeConfig) -> None:
 
     from specrouter.router import auto_router
     from specrouter.server.app import create_app
+    from specrouter.server.drain import FLUSH_SECONDS, DrainingServer
     from specrouter.server.service import Service
 
     # One KV slot per model for every sequence that can run at once.
@@ -28,12 +29,15 @@ def serve(config: ServeConfig) -> None:
         if default.mode == "chain":  # a default chain that does not load fails now, not per request
             pool.chain(list(default.chain), list(default.draft_lengths) or None)
         plan = pool_planner(pool, config.served, router, default)
-        scheduler = BatchScheduler(plan, config.max_batch, stall_seconds=config.stall_seconds or None)
+        scheduler = BatchScheduler(plan, config.max_batch, stall_seconds=config.stall_seconds or None,
+                                   prefill_share=config.prefill_share or None)
         service = Service(scheduler, pool.level(config.served), config.levels,
                           config.max_queue, config.request_timeout or None)
         try:
-            uvicorn.run(create_app(service, config), host=config.host, port=config.port,
-                        timeout_graceful_shutdown=config.shutdown_timeout)
+            app = create_app(service, config)
+            uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port,
+                                            timeout_graceful_shutdown=FLUSH_SECONDS)
+            DrainingServer(uvicorn_config, service, config.shutdown_timeout).run()
         finally:
             service.stop()  # a forced exit skips the app's shutdown: the worker must end before the models close
         router.save_estimates()  # what this run learned about acceptance informs the next one

@@ -50,6 +50,7 @@ class Service:
         self._cond = threading.Condition()
         self._inbox: list[tuple] = []
         self._stopping = False
+        self._draining = False  # graceful shutdown: no new requests, those in flight may finish
         self._handles: dict[str, Handle] = {}  # worker-side: requests the scheduler holds
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -63,7 +64,12 @@ class Service:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+        """Serving: the worker runs and no shutdown has begun (what /health answers)."""
+        return self._worker_alive and not (self._stopping or self._draining)
+
+    @property
+    def _worker_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     @property
     def live_sequences(self) -> int:
@@ -95,6 +101,22 @@ class Service:
             raise
         return handle
 
+    async def drain(self, grace: float, poll: float = 0.02) -> None:
+        """Graceful shutdown's first part: admit nothing more (a new request gets
+        ServiceStoppedError: 503 with Retry-After), let the requests in flight finish for
+        `grace` seconds, then end each one left with ServiceStoppedError (a stream: an error
+        event, then [DONE]; a plain request: a 503), and return once all were told."""
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            self._draining = True
+        deadline = loop.time() + grace
+        while self._handles and loop.time() < deadline:
+            await asyncio.sleep(poll)
+        if self._handles:
+            self._post(("end_all",))
+            while self._handles and self._worker_alive:
+                await asyncio.sleep(poll)
+
     def stop(self) -> None:
         """Cancel whatever is still running and end the worker (blocking: call it off the loop)."""
         with self._cond:
@@ -105,7 +127,7 @@ class Service:
 
     def _post(self, op: tuple) -> None:
         with self._cond:
-            if self._stopping and op[0] == "add":
+            if (self._stopping or self._draining) and op[0] == "add":
                 _resolve(op[3], ServiceStoppedError("the server is shutting down"))
                 return
             self._inbox.append(op)
@@ -129,8 +151,12 @@ class Service:
                 self._step()
             self.metrics.running.set(sched.n_active)
             self.metrics.waiting.set(sched.n_waiting)
+            self.metrics.kv(sched.kv_use())
 
     def _apply(self, op: tuple, stopping: bool) -> None:
+        if op[0] == "end_all":
+            self._end_all()
+            return
         if op[0] == "cancel":
             if self._handles.pop(op[1], None) is not None:
                 self.scheduler.cancel(op[1])
@@ -174,11 +200,18 @@ class Service:
         if deliveries:
             self._call(_deliver, deliveries)
 
-    def _shutdown(self) -> None:
-        self.scheduler.close()
+    def _end_all(self) -> None:
+        """End every request the scheduler holds with ServiceStoppedError (slots freed)."""
         stopped = ServiceStoppedError("the server shut down before the request finished")
+        for rid in self._handles:
+            self.scheduler.cancel(rid)
         self._call(_deliver, [(h, Failed(rid, stopped)) for rid, h in self._handles.items()])
         self._handles.clear()
+
+    def _shutdown(self) -> None:
+        self._end_all()
+        self.scheduler.close()
+        self.metrics.kv({})
         self.metrics.running.set(0)
         self.metrics.waiting.set(0)
 

@@ -21,9 +21,11 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.engine import generate
 from specrouter.engine.batch import BatchScheduler, Speculation, pool_planner
+from specrouter.engine.prefill import PREFILL_SHARE
 from specrouter.errors import UnknownModelError
 from specrouter.server.app import create_app
 from specrouter.server.config import ServeConfig
+from specrouter.server.drain import DrainingServer
 from specrouter.server.service import Service
 
 from .router_synth import linear, make_router
@@ -34,10 +36,10 @@ LEVELS = [*MODEL_FREE, *MODELS]
 N_CTX = 512
 
 
-def family(sleep: bool = False) -> list[SyntheticBackend]:
+def family(sleep: bool = False, n_ctx: int = N_CTX) -> list[SyntheticBackend]:
     """small, mid, target (cheapest first), with GPU-like simulated costs (a target forward
     about 5 ms) that the router plans with; sleep=True also spends them in wall time."""
-    kw = dict(vocab=16, n_ctx=N_CTX, sleep=sleep)
+    kw = dict(vocab=16, n_ctx=n_ctx, sleep=sleep)
     return [SyntheticBackend("small", model_seed=3, noise=1.0, params_b=0.1, latency=linear(0.0003, 0.00005), **kw),
             SyntheticBackend("mid", model_seed=2, noise=0.5, params_b=1.0, latency=linear(0.0012, 0.0002), **kw),
             SyntheticBackend(MODEL, params_b=7.0, latency=linear(0.005, 0.0004), **kw)]
@@ -59,14 +61,16 @@ class SynthPool:
 
 def build_service(sleep: bool = False, max_batch: int = 4, max_queue: int = 16,
                   request_timeout: float | None = None, routed: bool = True,
-                  memory: SuffixMemory | None = None) -> tuple[Service, list[SyntheticBackend]]:
+                  memory: SuffixMemory | None = None, n_ctx: int = N_CTX,
+                  prefill_share: float | None = PREFILL_SHARE) -> tuple[Service, list[SyntheticBackend]]:
     """With a memory, `auto` routes the suffix lookup reading it (else the n-gram)."""
-    models = family(sleep)
+    models = family(sleep, n_ctx)
     small, mid, target = models
     lookup = "ngram" if memory is None else "suffix"
     router = make_router(target, [small, mid], lookup=lookup, memory=memory) if routed else None
     plan = pool_planner(SynthPool(models), MODEL, router, Speculation())
-    service = Service(BatchScheduler(plan, max_batch), target, LEVELS, max_queue, request_timeout)
+    service = Service(BatchScheduler(plan, max_batch, prefill_share=prefill_share), target, LEVELS, max_queue,
+                      request_timeout)
     return service, models
 
 
@@ -83,11 +87,14 @@ def leaked_kv(models: list[SyntheticBackend]) -> int:
 
 
 @contextmanager
-def running_server(service: Service, graceful: float = 5.0, **config) -> Iterator[tuple[str, uvicorn.Server]]:
-    """Start uvicorn on 127.0.0.1 (a free port) in a thread; yields (base url, server)."""
+def running_server(service: Service, graceful: float = 5.0, drain: float = 5.0,
+                   **config) -> Iterator[tuple[str, uvicorn.Server]]:
+    """Start the server as `specrouter serve` runs it (DrainingServer: `drain` seconds for
+    requests in flight on shutdown, then `graceful` for the last responses) on 127.0.0.1 (a
+    free port) in a thread; yields (base url, server)."""
     app = create_app(service, ServeConfig(models=MODELS, **config))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           timeout_graceful_shutdown=graceful))
+    server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                           timeout_graceful_shutdown=graceful), service, drain)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

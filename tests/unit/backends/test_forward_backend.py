@@ -1,6 +1,7 @@
-"""ForwardBackend: the catch-up head / logit tail split, the grouping of tails by n_batch,
-the checks before anything runs and the rollback after a failure, written once for every
-real backend (llama.cpp, torch). A recording backend shows each forward it is asked for."""
+"""ForwardBackend: what does not fit one forward is fed first, the rest of every sequence
+(head and tail) is grouped into forwards of at most n_batch tokens, the checks before
+anything runs and the rollback after a failure, written once for every real backend
+(llama.cpp, torch). A recording backend shows each forward it is asked for."""
 
 from collections.abc import Sequence
 
@@ -13,7 +14,7 @@ from specrouter.errors import BackendError
 
 class Recording(ForwardBackend):
     """A model whose logits row after a context is a one-hot of (sum of the context) mod vocab;
-    every forward is recorded as ("feed" | "forward", [(seq, n tokens, pos), ...])."""
+    every forward is recorded as ("feed" | "forward", [(seq, n tokens, pos, n_logits), ...])."""
 
     kind = "recording"
 
@@ -22,7 +23,7 @@ class Recording(ForwardBackend):
         self.name, self.n_vocab, self.n_ctx, self.n_batch = "rec", 16, 64, n_batch
         self.eos_ids = frozenset()
         self.kv: dict[int, list[int]] = {}
-        self.calls: list[tuple[str, list[tuple[int, int, int]]]] = []
+        self.calls: list[tuple[str, list[tuple[int, int, int, int]]]] = []
         self.fail_on_forward = fail_on_forward
 
     def _append(self, seq: int, tokens: Sequence[int], pos: int) -> None:
@@ -31,20 +32,20 @@ class Recording(ForwardBackend):
         self.kv[seq].extend(tokens)
 
     def _feed(self, seq, tokens, pos):
-        self.calls.append(("feed", [(seq, len(tokens), pos)]))
+        self.calls.append(("feed", [(seq, len(tokens), pos, 0)]))
         self._append(seq, tokens, pos)
 
     def _forward(self, runs: Sequence[Run]):
-        self.calls.append(("forward", [(seq, len(t), pos) for seq, t, pos in runs]))
-        assert sum(len(t) for _, t, _ in runs) <= self.n_batch
+        self.calls.append(("forward", [(seq, len(t), pos, n) for seq, t, pos, n in runs]))
+        assert sum(len(t) for _, t, _, _ in runs) <= self.n_batch
         out = []
-        for seq, tokens, pos in runs:
+        for seq, tokens, pos, n_logits in runs:
             self._append(seq, tokens, pos)
             if self.fail_on_forward is not None and len(self.calls) >= self.fail_on_forward:
                 raise RuntimeError("the device failed")
             ctx = self.kv[seq]
             out.append(np.stack([np.eye(self.n_vocab)[sum(ctx[: pos + j + 1]) % self.n_vocab]
-                                 for j in range(len(tokens))]))
+                                 for j in range(len(tokens) - n_logits, len(tokens))]))
         return out
 
     def remove(self, seq, start):
@@ -74,32 +75,35 @@ def expected_rows(context: list[int], n_logits: int) -> list[int]:
     return [sum(context[: len(context) - n_logits + j + 1]) % 16 for j in range(n_logits)]
 
 
-def test_a_long_call_feeds_its_head_in_batch_sized_pieces_then_one_tail():
+def test_a_long_call_feeds_what_does_not_fit_one_forward_first_then_the_rest_in_one():
     b = Recording(n_batch=8)
     seq = b.new_sequence()
-    tokens = [t % 16 for t in range(1, 21)]  # 20 tokens, 3 rows wanted: a head of 17 = 8 + 8 + 1
+    tokens = [t % 16 for t in range(1, 21)]  # 20 tokens, 3 rows wanted: 12 fed first (8 + 4), then the last 8
     logits = b.decode(seq, tokens, 0, 3)
-    assert b.calls == [("feed", [(seq, 8, 0)]), ("feed", [(seq, 8, 8)]), ("feed", [(seq, 1, 16)]),
-                       ("forward", [(seq, 3, 17)])]
+    assert b.calls == [("feed", [(seq, 8, 0, 0)]), ("feed", [(seq, 4, 8, 0)]), ("forward", [(seq, 8, 12, 3)])]
     assert logits.argmax(axis=1).tolist() == expected_rows(tokens, 3)
     assert b.kv[seq] == tokens
 
 
-def test_tails_of_several_sequences_share_forwards_of_at_most_n_batch_tokens():
+def test_sequences_share_forwards_of_at_most_n_batch_tokens_heads_and_tails_together():
     b = Recording(n_batch=8)
-    seqs = [b.new_sequence() for _ in range(4)]
-    items = [(seqs[0], [1, 2, 3], 0, 3), (seqs[1], [4] * 10, 0, 2), (seqs[2], [5, 6, 7, 8], 0, 4), (seqs[3], [9], 0, 1)]
+    seqs = [b.new_sequence() for _ in range(5)]
+    items = [(seqs[0], [1, 2, 3], 0, 3), (seqs[1], [4] * 10, 0, 2), (seqs[2], [5, 6, 7, 8], 0, 4), (seqs[3], [9], 0, 1),
+             (seqs[4], [3] * 4, 0, 1)]
     out = b.decode_batch(items)
-    # Heads first (only seqs[1] has one: 8 tokens), then tails packed in order: 3 + 2 fit, + 4 would not.
-    assert b.calls == [("feed", [(seqs[1], 8, 0)]),
-                       ("forward", [(seqs[0], 3, 0), (seqs[1], 2, 8)]),
-                       ("forward", [(seqs[2], 4, 0), (seqs[3], 1, 0)])]
+    # What does not fit one forward first (seqs[1]: 2 of its 10 tokens); then runs packed in order:
+    # 3 + its last 8 would not fit; 8; 4 + 1 + a prompt chunk of 4 with one row wanted would not: 4 + 1; 4.
+    assert b.calls == [("feed", [(seqs[1], 2, 0, 0)]),
+                       ("forward", [(seqs[0], 3, 0, 3)]),
+                       ("forward", [(seqs[1], 8, 2, 2)]),
+                       ("forward", [(seqs[2], 4, 0, 4), (seqs[3], 1, 0, 1)]),
+                       ("forward", [(seqs[4], 4, 0, 1)])]
     for (_, tokens, _, n), logits in zip(items, out):
         assert logits.shape == (n, 16) and logits.argmax(axis=1).tolist() == expected_rows(tokens, n)
 
 
 def test_a_failed_forward_rolls_every_sequence_of_the_call_back():
-    b = Recording(n_batch=8, fail_on_forward=4)  # the 4th call: the batch below
+    b = Recording(n_batch=8, fail_on_forward=3)  # the 3rd call: the batch below
     seqs = [b.new_sequence() for _ in range(2)]
     b.decode(seqs[0], [1, 2], 0, 1)
     b.decode(seqs[1], [3], 0, 1)

@@ -2,14 +2,29 @@
 invalid Unicode is a 400 naming the field and the connection lives on; no internal
 exception text in a 500; a stop string of any length; admission counts only requests
 beyond the free batch slots (max_queue 0: no waiting room, not no service); Retry-After on
-429; developer messages render as system; user text cannot inject control tokens."""
+429; developer messages render as system; user text cannot inject control tokens; prompt
+limits before tokenizing; CORS; live KV use in /metrics; an error mid-stream ends it cleanly.
+(Chunked prefill: tests/unit/engine/test_batch.py and test_prefill_api below; shutdown:
+test_robustness.py.)"""
+
+import json
+import os
+import threading
+import time
 
 import httpx
+import numpy as np
+import pytest
 
 from specrouter.chat import chat_prompt_tokens, render_chat
 from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine import generate
+from specrouter.engine.prefill import PREFILL_SHARE
 
-from ..server_synth import MODEL, build_service, reference_text, running_server
+from ..router_synth import linear
+from ..server_synth import MODEL, build_service, family, reference_text, running_server, wait_until
 
 
 def test_a_lone_surrogate_in_any_text_field_is_a_400_and_the_connection_serves_the_next_request():
@@ -142,3 +157,179 @@ def test_a_host_outside_the_allow_list_is_a_400():
     with running_server(build_service()[0], allowed_hosts=["api.example"]) as (url, _):
         assert httpx.get(url + "/v1/models", headers={"host": "api.example"}).status_code == 200
         assert httpx.get(url + "/v1/models").status_code == 400
+
+
+def test_a_prompt_over_max_prompt_tokens_is_a_400_and_one_over_the_character_bound_is_never_tokenized(monkeypatch):
+    service, _ = build_service()
+    tokenized: list[int] = []
+    tokenize = service.target.tokenize
+    monkeypatch.setattr(service.target, "tokenize", lambda text, *a, **k: tokenized.append(len(text)) or
+                        tokenize(text, *a, **k))
+    with running_server(service, max_prompt_tokens=20) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        def post(path, **fields):
+            return http.post(path, json={"model": MODEL, "max_tokens": 2, **fields})
+
+        assert post("/v1/completions", prompt="a" * 20).status_code == 200
+        # A synthetic token spells one character: 21 characters are 21 tokens at least.
+        for r in (post("/v1/completions", prompt="a" * 21),
+                  post("/v1/chat/completions", messages=[{"role": "user", "content": "a" * 12},
+                                                         {"role": "user", "content": "b" * 9}])):
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["code"] == "prompt_too_long" and "21 characters" in error["message"]
+        assert 21 not in tokenized and 12 not in tokenized  # refused before tokenizing
+        # Under the character bound, over the limit once the chat template's tokens are added.
+        r = post("/v1/chat/completions", messages=[{"role": "user", "content": "a" * 15}])
+        assert r.status_code == 400 and "at most 20 are accepted" in r.json()["error"]["message"]
+        r = post("/v1/completions", prompt=[1] * 21)  # token ids: counted as they are
+        assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_long"
+
+
+def test_the_character_bound_is_the_vocabularys_longest_token():
+    from specrouter.errors import PromptTooLongError
+    from specrouter.server.app import PromptLimit
+
+    model = _Specials("m", vocab=256, n_ctx=64)
+    limit = PromptLimit.of(model, None)
+    assert limit == PromptLimit(63, max(len(t) for t in model.vocab_texts()))
+    limit.check_text(["x" * (63 * limit.chars_per_token)])
+    with pytest.raises(PromptTooLongError, match="no token spells more than"):
+        limit.check_text(["x" * (63 * limit.chars_per_token), "y"])
+
+
+def test_cors_is_off_by_default_and_answers_the_configured_origins_before_the_api_key():
+    service, _ = build_service()
+    preflight = {"origin": "https://app.example", "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization,content-type"}
+    with running_server(service) as (url, _):
+        r = httpx.get(url + "/v1/models", headers={"origin": "https://app.example"})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+    with running_server(build_service()[0], cors_origins=["https://app.example"], api_key="k") as (url, _):
+        r = httpx.options(url + "/v1/completions", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        r = httpx.get(url + "/v1/models", headers={"origin": "https://app.example", "authorization": "Bearer k"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        other = httpx.options(url + "/v1/completions", headers={**preflight, "origin": "https://evil.example"})
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+
+
+def test_metrics_show_the_live_sequences_and_kv_tokens_per_model():
+    service, _ = build_service(sleep=True)
+    body = {"model": MODEL, "prompt": "abcd", "max_tokens": 400, "stream": True, "speculation": "off"}
+
+    def gauge(text: str, name: str) -> float:
+        line = next(line for line in text.splitlines() if line.startswith(f'specrouter:{name}{{model="{MODEL}"}}'))
+        return float(line.split()[-1])
+
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            for _ in range(4):
+                next(lines)
+            text = http.get("/metrics").text
+            assert gauge(text, "kv_sequences") == 1 and gauge(text, "kv_tokens") >= 4  # the prompt at least
+        assert wait_until(lambda: gauge(http.get("/metrics").text, "kv_sequences") == 0)
+        assert gauge(http.get("/metrics").text, "kv_tokens") == 0
+
+
+def test_an_unexpected_error_mid_stream_ends_it_with_an_error_event_and_the_connection_lives_on(monkeypatch):
+    service, models = build_service()
+    secret = "internal detail: /opt/models/secret.gguf"
+    target = models[2]
+    decode, calls = target.decode, []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError(secret)
+        return decode(*args)
+
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 30, "stream": True, "speculation": "off"}
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        monkeypatch.setattr(target, "decode", failing)
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            data = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+        assert data[-1] == "[DONE]" and secret not in "".join(data)
+        assert json.loads(data[-2])["error"]["type"] == "server_error"
+        assert all("choices" in json.loads(d) for d in data[:-2]) and len(data) > 3  # text came first
+        ok = http.post("/v1/completions", json={**body, "stream": False})  # same connection
+        assert ok.status_code == 200 and len(ok.json()["choices"][0]["text"]) == 30
+
+
+def _long_prompt() -> list[int]:
+    return [int(t) for t in np.random.default_rng(3).integers(0, 15, 4000)]
+
+
+def _gap_ratio_while_a_long_prompt_arrives(prefill_share) -> tuple[float, str]:
+    """A stream runs on a loopback server (synthetic models spending their costs in wall time:
+    here a target forward of 20 ms + 0.5 ms a token, so a 4,000-token prefill takes 2 s and
+    the HTTP work of a step is small beside a forward); once it has streamed 40 chunks, a
+    4,000-token prompt arrives. Returns the stream's largest gap between chunks while that
+    prompt is fed, over its median gap before, and the long request's text."""
+    service, models = build_service(sleep=True, n_ctx=4200, prefill_share=prefill_share)
+    models[2].latency = linear(0.020, 0.0005)
+    stream = {"model": MODEL, "prompt": "abc", "max_tokens": 4000, "stream": True, "speculation": "off"}
+    prompt = _long_prompt()
+    arrivals: list[float] = []
+    long_done: dict[str, object] = {}
+
+    def send_long():
+        r = httpx.post(url + "/v1/completions", timeout=60,
+                       json={"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "speculation": "off"})
+        long_done["at"], long_done["text"] = time.monotonic(), r.json()["choices"][0]["text"]
+
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=stream) as r:
+            sender = threading.Thread(target=send_long)
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                arrivals.append(time.monotonic())
+                if len(arrivals) == 40:
+                    sender.start()
+                    sent = time.monotonic()
+                if "at" in long_done and arrivals[-1] > long_done["at"] + 0.1:
+                    break
+            sender.join(timeout=60)
+    gaps = np.diff(arrivals)
+    before = np.median(gaps[:39])
+    during = [g for t, g in zip(arrivals[1:], gaps) if sent < t <= long_done["at"]]
+    return max(during) / before, long_done["text"]
+
+
+def test_a_long_prompt_arriving_does_not_stall_a_running_stream():
+    """Head-of-line blocking (server-hardening, item 1), end to end: fed whole, the 4,000-token
+    prefill freezes the stream for ~2 s (a hundred of its gaps); fed in chunks riding with
+    the stream's forwards (the default share), the stream's largest gap stays under 3x its
+    median before, and the long request gets the same text."""
+    stalled, whole_text = _gap_ratio_while_a_long_prompt_arrives(None)
+    chunked, text = _gap_ratio_while_a_long_prompt_arrives(PREFILL_SHARE)
+    assert stalled > 30, stalled
+    assert chunked < 3, chunked
+    alone = generate(Chain([family(n_ctx=4200)[2]], []), _long_prompt(), SamplingParams(), 4).text
+    assert text == whole_text == alone  # greedy: the target alone's text
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="resident memory is read from /proc")
+def test_a_64_mb_body_is_refused_after_reading_at_most_the_limit_and_memory_grows_under_50_mb():
+    """Without Content-Length (chunked), 64 MB are offered; the server reads up to its limit
+    (4 MiB by default), answers 413, and the process (server and client) grows < 50 MB."""
+    service, _ = build_service()
+    block = b"x" * (1 << 20)
+    with running_server(service) as (url, _):
+        before = _rss_bytes()
+        try:
+            r = httpx.post(url + "/v1/completions", content=(block for _ in range(64)),
+                           headers={"content-type": "application/json"}, timeout=60)
+            assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+        except httpx.WriteError:
+            pass  # the server answered and closed while the client still wrote: refused all the same
+        grown = _rss_bytes() - before
+        ok = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "abc", "max_tokens": 3})
+        assert ok.status_code == 200
+    assert grown < 50 * 2**20, grown / 2**20

@@ -1,7 +1,9 @@
 """API key, full queue, disconnects, timeouts and shutdown, on real loopback servers."""
 
 import json
+import signal
 import threading
+import time
 
 import httpx
 import openai
@@ -107,7 +109,7 @@ def test_shutdown_lets_an_in_flight_stream_finish():
                           json={"model": MODEL, "prompt": "abc", "max_tokens": 60, "stream": True}) as r:
             lines = r.iter_lines()
             first = next(lines)
-            server.should_exit = True  # as on SIGINT / SIGTERM
+            server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
             data = sse_data([first, *lines])
         texts = [json.loads(d)["choices"][0]["text"] for d in data[:-1]]
         assert data[-1] == "[DONE]" and len("".join(texts)) == 60
@@ -117,23 +119,41 @@ def test_shutdown_lets_an_in_flight_stream_finish():
     assert leaked_kv(models) == 0 and service.live_sequences == 0
 
 
-def test_shutdown_past_its_timeout_cancels_what_is_still_running():
+def test_sigterm_drains_new_requests_get_503_and_those_past_the_grace_end_cleanly():
+    """SIGTERM with requests in flight (server-hardening, graceful drain): a request that
+    arrives is refused (503, Retry-After); one that finishes within the grace period
+    finishes; past it, a stream ends with an error event then [DONE] and a plain request
+    gets a 503 body, all within the grace period and a few seconds."""
     service, models = build_service(sleep=True)
-    seen: list[str] = []
+    long = {"model": MODEL, "prompt": "abc", "max_tokens": 480, "speculation": "off"}
+    out: dict[str, object] = {}
 
-    def read(url):
-        try:
-            with httpx.stream("POST", url + "/v1/completions", timeout=30,
-                              json={"model": MODEL, "prompt": "abc", "max_tokens": 450, "stream": True}) as r:
-                seen.extend(r.iter_lines())
-        except httpx.HTTPError:
-            pass  # the server cut the stream
+    def stream():
+        with httpx.stream("POST", url + "/v1/completions", timeout=30, json={**long, "stream": True}) as r:
+            out["stream"] = sse_data(r.iter_lines())
 
-    with running_server(service, graceful=0.3) as (url, server):
-        reader = threading.Thread(target=read, args=(url,))
-        reader.start()
-        assert wait_until(lambda: service.live_sequences == 1 and seen)
-        server.should_exit = True
-        reader.join(timeout=30)
-    assert "data: [DONE]" not in seen
+    def plain(key: str, body: dict):
+        out[key] = httpx.post(url + "/v1/completions", timeout=30, json=body)
+
+    with running_server(service, drain=1.0) as (url, server):
+        threads = [threading.Thread(target=stream), threading.Thread(target=plain, args=("plain", long))]
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: service.live_sequences == 2)
+        started = time.monotonic()
+        server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
+        assert wait_until(lambda: service._draining)
+        refused = httpx.post(url + "/v1/completions", timeout=30, json={**long, "max_tokens": 2})
+        assert error_of(refused, 503)["code"] == "shutting_down" and refused.headers["retry-after"] == "1"
+        assert httpx.get(url + "/health").status_code == 503
+        for t in threads:
+            t.join(timeout=30)
+        ended = time.monotonic() - started
+    assert 1.0 <= ended < 1.0 + 5, ended
+    data = out["stream"]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "shutting_down"
+    assert all("choices" in json.loads(d) for d in data[:-2]) and len(data) > 3  # it streamed, then ended cleanly
+    assert error_of(out["plain"], 503)["code"] == "shutting_down"
     assert service.live_sequences == 0 and leaked_kv(models) == 0 and not service.alive
+    assert failures(service, "stopped") == 3  # the two cut off, and the one refused
+
