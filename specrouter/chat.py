@@ -9,7 +9,7 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from specrouter.backends.base import Backend
-from specrouter.errors import SpecRouterError
+from specrouter.errors import ChatTemplateError
 
 # Used when a model file carries no template (ChatML, which Qwen models also use).
 CHATML = (
@@ -40,7 +40,7 @@ def render_chat(model: Backend, messages: list[dict[str, str]]) -> str:
             eos_token=model.eos_text,
         )
     except TemplateError as exc:
-        raise SpecRouterError(f"the chat template of {model.name} failed: {exc}") from None
+        raise ChatTemplateError(f"the chat template of {model.name} cannot render these messages: {exc}") from None
 
 
 #: Stands for message i's content while the template renders (templates hold no NUL).

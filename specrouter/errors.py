@@ -40,6 +40,10 @@ class PromptTooLongError(SpecRouterError):
     """The prompt does not fit in a model's context window."""
 
 
+class ChatTemplateError(SpecRouterError):
+    """The model's chat template refused the messages (a role or an order it cannot render)."""
+
+
 class EmptyPromptError(SpecRouterError):
     """The prompt has no tokens."""
 

@@ -48,6 +48,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 _INITIALISED = False
 #: An exact backend pads every forward to a multiple of this many rows (the repacked GEMM's group).
 EXACT_ROWS = 4
+#: Room an exact forward needs beyond n_batch for its padding rows: up to EXACT_ROWS - 1 with
+#: logits, then up to EXACT_ROWS - 1 more (a multiple of EXACT_ROWS, so the batch stays one ubatch).
+EXACT_PAD_ROOM = 2 * EXACT_ROWS
 #: ggml's switch of its tiled K-quant matmul, read once per process at the first forward.
 _TILED_ENV = "GGML_CPU_TILED_MM"
 _FORWARDS_RAN = False  # whether any llama.cpp forward ran in this process
@@ -116,9 +119,10 @@ class LlamaCppBackend(ForwardBackend):
 
         cparams = _ll.llama_context_default_params()
         # Unified cache: any sequence can reach n_ctx (plus the padding rows in exact mode).
-        cparams.n_ctx = self.n_ctx * n_seq_max + (EXACT_ROWS if exact else 0)
-        cparams.n_batch = n_batch
-        cparams.n_ubatch = n_batch
+        room = EXACT_PAD_ROOM if exact else 0
+        cparams.n_ctx = self.n_ctx * n_seq_max + room
+        cparams.n_batch = n_batch + room  # a padded forward is one batch and one ubatch
+        cparams.n_ubatch = n_batch + room
         #: The sequence whose rows pad an exact forward (None: not exact).
         self._scratch = n_seq_max if exact else None
         cparams.n_seq_max = n_seq_max + exact
@@ -133,7 +137,7 @@ class LlamaCppBackend(ForwardBackend):
             _ll.llama_model_free(self._model)
             raise BackendError(f"llama.cpp could not create a context for {self.name} (out of memory?)")
         self._mem = _ll.llama_get_memory(self._ctx)
-        self._batch = _ll.llama_batch_init(n_batch, 0, 1)
+        self._batch = _ll.llama_batch_init(n_batch + room, 0, 1)
         self._free_slots = list(range(n_seq_max))
 
         self.n_vocab = _ll.llama_vocab_n_tokens(self._vocab)

@@ -120,7 +120,7 @@ class ChunkedPrefill:
 
     def step_done(self, seconds: float) -> None:
         """The step's calls took `seconds` in all."""
-        if not self._chunked_step:
+        if not (self._chunked_step or self._long_whole):  # a decoding step, no prompt fed whole
             self._step_seconds = _ema(self._step_seconds, seconds)
 
     def _model(self, model: Hashable) -> _Model:

@@ -34,7 +34,8 @@ from specrouter.drafters.memory import OPTED_OUT, MemoryScope
 from specrouter.engine.batch import SeqRequest
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
-from specrouter.errors import BackendError, InvalidChainError, InvalidTokenIdError, PromptTooLongError, SpecRouterError
+from specrouter.errors import (BackendError, ChatTemplateError, InvalidChainError, InvalidTokenIdError,
+                               PromptTooLongError, SpecRouterError)
 from specrouter.server import schemas as s
 from specrouter.server.config import ServeConfig
 from specrouter.server.guard import RequestGuard, default_allowed_hosts
@@ -53,7 +54,8 @@ class APIError(Exception):
 
 
 #: The request field (OpenAI's `param`) that an engine error points to.
-_PARAMS: dict[type[Exception], str] = {InvalidChainError: "speculation.chain", InvalidTokenIdError: "prompt"}
+_PARAMS: dict[type[Exception], str] = {InvalidChainError: "speculation.chain", InvalidTokenIdError: "prompt",
+                                        ChatTemplateError: "messages"}
 
 
 def _from_exception(exc: Exception) -> APIError:
@@ -83,6 +85,10 @@ def _error_json(err: APIError, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(err.body.model_dump(), status_code=err.status, headers=headers)
 
 
+#: What an unknown field is told (nothing a request sends is silently ignored).
+_UNKNOWN = "not a parameter this server supports (nothing is silently ignored)"
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -91,9 +97,12 @@ def _install_error_handlers(app: FastAPI) -> None:
             detail = errors[0].get("ctx", {}).get("error", "")
             return _error_json(APIError(400, f"the body is not valid JSON: {detail}", code="json_invalid"))
         locs = [[str(p) for p in e.get("loc", ()) if p != "body"] for e in errors]
-        message = "; ".join(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid')}" for loc, e in zip(locs, errors))
+        message = "; ".join(f"{'.'.join(loc) or 'body'}: {_UNKNOWN if e.get('type') == 'extra_forbidden' else e.get('msg', 'invalid')}"
+                            for loc, e in zip(locs, errors))
+        code = errors[0].get("type")
         # param: the top-level field (deeper parts of a loc include pydantic's union member tags).
-        return _error_json(APIError(400, message, param=locs[0][0] if locs[0] else None, code=errors[0].get("type")))
+        return _error_json(APIError(400, message, param=locs[0][0] if locs[0] else None,
+                                    code="unsupported_parameter" if code == "extra_forbidden" else code))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -267,7 +276,7 @@ def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: li
     # Below 1e-5 the warped distribution is the argmax up to exact ties: such temperatures
     # are greedy (as in vLLM).
     temperature = body.temperature if body.temperature >= _MIN_TEMPERATURE else 0.0
-    params = SamplingParams(temperature=temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
+    params = SamplingParams(temperature=temperature, top_k=body.engine_top_k, top_p=body.top_p, seed=body.seed)
     return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list, speculation=speculation,
                       memory=memory)
 

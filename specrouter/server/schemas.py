@@ -3,17 +3,24 @@
 The extensions are `speculation` on a request ("auto", "off", or a fixed chain with draft
 lengths), `suffix_memory` on a request (false: opt out of the cross-request memory), `exact`
 on a request (true: refused unless the server runs exact kernels, `serve --exact`), and
-`usage.speculation` on a response (what that request's chain did). Fields
-of OpenAI's API that the engine cannot honour (logprobs, n > 1, penalties...) are not
-declared: unknown fields are ignored, as OpenAI-compatible servers commonly do.
+`usage.speculation` on a response (what that request's chain did).
+
+Nothing is silently ignored: a field of OpenAI's API that the engine does not implement yet
+(logprobs, n > 1, penalties, tools, response_format...) is accepted only at its neutral
+value, the one that asks for nothing (`Unsupported`: penalties 0, n 1, tools [], ...), and
+any other value is a 400 naming the field with code `unsupported_parameter`; a field that is
+in neither OpenAI's API nor the extensions is the same 400 (extra="forbid"). Fields that
+change no output (`user`, `metadata`, `prompt_cache_key`, `safety_identifier`) are accepted.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic_core import PydanticCustomError
 
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
@@ -43,6 +50,54 @@ StopList = Annotated[list[StopString], Field(max_length=8)]
 DraftLength = Annotated[int, Field(ge=1, le=32)]
 
 
+def Unsupported(*neutral: Any, what: str) -> Any:  # noqa: N802 - a type, as Annotated aliases are
+    """A field of OpenAI's API that this server does not implement: None or one of its
+    `neutral` values (what asks for nothing) is accepted, anything else is a 400 naming the
+    field (code unsupported_parameter)."""
+
+    def check(value: Any) -> Any:
+        if value is not None and not any(_same(value, n) for n in neutral):
+            raise PydanticCustomError("unsupported_parameter", "not supported by this server yet: {what} "
+                                      "(accepted only as {neutral})", {"what": what, "neutral": neutral_text})
+        return value
+
+    neutral_text = " or ".join(json.dumps(n) for n in neutral) or "null"
+    return Annotated[Any, AfterValidator(check), Field(description=f"not supported yet: only {neutral_text}")]
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    """JSON equality: 0 and 0.0 are one number, but true is not 1."""
+    def kind(x):
+        return "number" if isinstance(x, (int, float)) and not isinstance(x, bool) else type(x)
+    return kind(value) == kind(neutral) and value == neutral
+
+
+# OpenAI's fields that are not implemented yet (see the module docstring).
+NotN = Unsupported(1, what="n > 1 (several choices)")
+NoPenalty = Unsupported(0, what="frequency_penalty and presence_penalty other than 0")
+NoLogitBias = Unsupported({}, what="logit_bias")
+NoCompletionLogprobs = Unsupported(what="logprobs")
+NoEcho = Unsupported(False, what="echo")
+NoBestOf = Unsupported(1, what="best_of > 1")
+NoSuffix = Unsupported("", what="suffix")
+NoChatLogprobs = Unsupported(False, what="logprobs")
+NoTopLogprobs = Unsupported(0, what="top_logprobs")
+TextFormat = Unsupported({"type": "text"}, what="response_format other than text")
+NoTools = Unsupported([], what="tools")
+NoToolChoice = Unsupported("none", "auto", what="tool_choice other than none or auto (without tools)")
+AnyBool = Unsupported(True, False, what="parallel_tool_calls")
+NoFunctions = Unsupported([], what="functions")
+NoFunctionCall = Unsupported("none", "auto", what="function_call")
+NoStore = Unsupported(False, what="store")
+DefaultTier = Unsupported("auto", "default", what="service_tier")
+TextModality = Unsupported(["text"], what="modalities other than text")
+NoAudio = Unsupported(what="audio")
+NoPrediction = Unsupported(what="prediction")
+NoReasoningEffort = Unsupported(what="reasoning_effort")
+NoVerbosity = Unsupported(what="verbosity")
+NoWebSearch = Unsupported(what="web_search_options")
+
+
 class SpeculationChain(BaseModel):
     """A fixed chain: served level names, cheapest first, ending at the served model."""
 
@@ -62,14 +117,23 @@ class StreamOptions(BaseModel):
 class _Sampling(BaseModel):
     """Fields shared by both endpoints."""
 
+    model_config = ConfigDict(extra="forbid")
     model: str
     max_tokens: int | None = Field(None, ge=1, description="default: the server's max_tokens")
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
-    top_k: int = Field(0, ge=0, description="0 disables (extension, as in vLLM)")
+    top_k: int = Field(0, ge=-1, description="0 or -1 disables (extension, as in vLLM)")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: StopString | StopList | None = None
-    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    n: NotN = None
+    frequency_penalty: NoPenalty = None
+    presence_penalty: NoPenalty = None
+    logit_bias: NoLogitBias = None
+    # Change no output: accepted as they are.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculation: SpeculationField | None = Field(None, description="default: the server's chain setting")
@@ -78,6 +142,11 @@ class _Sampling(BaseModel):
     exact: StrictBool | None = Field(None, description="true: greedy output bit-identical to the target alone's, "
                                                        "which needs a server started with --exact; false: refused "
                                                        "by such a server (extension)")
+
+    @property
+    def engine_top_k(self) -> int:
+        """top_k as the engine takes it: -1 (vLLM's and SGLang's "off") is 0."""
+        return max(self.top_k, 0)
 
     @property
     def stop_list(self) -> list[str]:
@@ -97,14 +166,20 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: Text | list[Annotated[int, Field(ge=0)]] = Field(description="text, or token ids")
+    logprobs: NoCompletionLogprobs = None
+    echo: NoEcho = None
+    best_of: NoBestOf = None
+    suffix: NoSuffix = None
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: Text
 
 
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     role: Literal["system", "developer", "user", "assistant"]
     content: Text | list[TextPart]
 
@@ -116,6 +191,22 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="newer name of max_tokens")
+    logprobs: NoChatLogprobs = None
+    top_logprobs: NoTopLogprobs = None
+    response_format: TextFormat = None
+    tools: NoTools = None
+    tool_choice: NoToolChoice = None
+    parallel_tool_calls: AnyBool = None
+    functions: NoFunctions = None
+    function_call: NoFunctionCall = None
+    store: NoStore = None
+    service_tier: DefaultTier = None
+    modalities: TextModality = None
+    audio: NoAudio = None
+    prediction: NoPrediction = None
+    reasoning_effort: NoReasoningEffort = None
+    verbosity: NoVerbosity = None
+    web_search_options: NoWebSearch = None
 
 
 # Responses ------------------------------------------------------------------------------

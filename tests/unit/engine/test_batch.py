@@ -286,9 +286,10 @@ def test_stalling_draft_is_dropped_after_its_slow_call():
 
 
 def _stream_gaps(prefill_share, long_prompt: int = 400, chain_of=lambda target, mid: Chain([target], [])):
-    """Request A streams alone for 20 steps, then B arrives with a `long_prompt`-token prompt.
-    Returns A's gaps between Deltas (simulated seconds) before B came and while B's prompt
-    was being fed, B's result and the scheduler."""
+    """Request A streams alone for 20 steps, then B arrives with a `long_prompt`-token prompt
+    (its greedy output is checked against the target alone's). Returns A's gaps between
+    Deltas (simulated seconds) before B came and while B's prompt was being fed, the time
+    from B's arrival to its first token, the scheduler and the chain."""
     from ..router_synth import linear, simulated_clock
 
     target = SyntheticBackend("target", vocab=VOCAB, n_ctx=1024, latency=linear(0.010, 0.002), params_b=7.0)
@@ -316,10 +317,9 @@ def _stream_gaps(prefill_share, long_prompt: int = 400, chain_of=lambda target, 
     before = [g for g, during in gaps if not during]
     during = [g for g, during in gaps if during]
     b = finished(b_events)
-    scheduler.chain = chain
     assert b.token_ids == generate(Chain([SyntheticBackend("target", vocab=VOCAB, n_ctx=1024)], []), prompt,
                                    SamplingParams(), 8).token_ids
-    return before, during, b_first - arrival, scheduler
+    return before, during, b_first - arrival, scheduler, chain
 
 
 @pytest.mark.parametrize("chain_of", [lambda t, m: Chain([t], []), lambda t, m: Chain([m, t], [3])],
@@ -330,12 +330,12 @@ def test_a_long_prompt_is_fed_in_chunks_while_another_stream_decodes(chain_of):
     in chunks riding with the stream's calls, every gap of the stream stays under 3x its
     median before (about 1 + prefill_share by construction: measured 2.0x and 1.6x), and the
     long prompt's output is the target alone's."""
-    before, during, blocking_first_token, scheduler = _stream_gaps(None, chain_of=chain_of)
+    before, during, blocking_first_token, scheduler, _ = _stream_gaps(None, chain_of=chain_of)
     assert max(during) > 20 * np.median(before) and scheduler.prefill is None  # the control: blocking without chunks
-    before, during, first_token, scheduler = _stream_gaps(1.0, chain_of=chain_of)
-    # The prompt but its last row was fed in chunks to every model of the chain, but for a last
-    # remainder each (at most two of the model's last chunk size: it moves by 2x at most).
-    sizes = [scheduler.prefill.size(id(m)) for m in scheduler.chain.models]
+    before, during, first_token, scheduler, chain = _stream_gaps(1.0, chain_of=chain_of)
+    # Every model of the chain was fed the prompt (less its last row) in chunks, all but a last
+    # remainder each, at most twice the model's last chunk size (a size moves by 2x at most).
+    sizes = [scheduler.prefill.size(id(m)) for m in chain.models]
     assert scheduler.prefill.tokens >= sum(399 - 2 * size for size in sizes) and scheduler.prefill.calls > 10
     assert max(during) < 3 * np.median(before), (max(during), np.median(before))
     # The prompt is fed with about half of the machine's time (prefill_share 1): its first token

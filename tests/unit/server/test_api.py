@@ -147,7 +147,7 @@ def error_of(response: httpx.Response, status: int) -> dict:
     ({"model": MODEL, "prompt": "a", "temperature": -1}, "temperature", "greater_than_equal"),
     ({"model": MODEL, "prompt": "a", "top_p": 0}, "top_p", "greater_than"),
     ({"model": MODEL, "prompt": "a", "max_tokens": 0}, "max_tokens", "greater_than_equal"),
-    ({"model": MODEL, "prompt": "a", "n": 2}, "n", "less_than_equal"),
+    ({"model": MODEL, "prompt": "a", "n": 2}, "n", "unsupported_parameter"),
     ({"model": MODEL, "prompt": "a", "stop": ""}, "stop", "string_too_short"),
     ({"model": MODEL, "prompt": "a", "speculation": "fast"}, "speculation", "literal_error"),
     ({"model": MODEL, "prompt": [99]}, "prompt", "invalid_token_id"),

@@ -333,3 +333,21 @@ def test_a_64_mb_body_is_refused_after_reading_at_most_the_limit_and_memory_grow
         ok = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "abc", "max_tokens": 3})
         assert ok.status_code == 200
     assert grown < 50 * 2**20, grown / 2**20
+
+
+def test_a_message_the_chat_template_cannot_render_is_a_400_naming_messages(monkeypatch):
+    """A template that refuses (raise_exception, as many templates do for a role or an order
+    they do not support) is the request's fault: 400, param messages; the server goes on."""
+    service, models = build_service()
+    refusing = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                "{{ raise_exception('System role not supported') }}{% endif %}{{ m['content'] }}{% endfor %}")
+    monkeypatch.setattr(SyntheticBackend, "chat_template", property(lambda self: refusing))
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "system", "content": "be brief"}, {"role": "user", "content": "abc"}]})
+        error = r.json()["error"]
+        assert r.status_code == 400 and (error["param"], error["code"]) == ("messages", "chat_template")
+        assert "System role not supported" in error["message"]
+        ok = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2,
+                                                     "messages": [{"role": "user", "content": "abc"}]})
+        assert ok.status_code == 200

@@ -1,0 +1,77 @@
+"""Nothing a request sends is silently ignored (openai-complete, item 1): a field of OpenAI's
+API that the server does not implement yet is accepted at its neutral value only, any other
+value is a 400 naming it (unsupported_parameter), and so is a field nobody defines; the
+official client's usual calls still work, and top_k -1 means off."""
+
+import httpx
+import openai
+import pytest
+
+from ..server_synth import MODEL, build_service, reference_text, running_server
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "abc"}], "max_tokens": 4, "temperature": 0}
+COMPLETION = {"model": MODEL, "prompt": "abc", "max_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def url():
+    with running_server(build_service()[0]) as (base, _):
+        yield base
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/chat/completions", {**CHAT, "n": 2}, "n"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 3}, "top_logprobs"),
+    ("/v1/chat/completions", {**CHAT, "presence_penalty": 0.5}, "presence_penalty"),
+    ("/v1/chat/completions", {**CHAT, "frequency_penalty": -1}, "frequency_penalty"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": 10}}, "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "store": True}, "store"),
+    ("/v1/chat/completions", {**CHAT, "audio": {"voice": "alloy"}}, "audio"),
+    ("/v1/chat/completions", {**CHAT, "reasoning_effort": "low"}, "reasoning_effort"),
+    ("/v1/chat/completions", {**CHAT, "repetition_penalty": 1.1}, "repetition_penalty"),  # nobody's field here
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "abc", "name": "bob"}]}, "messages"),
+    ("/v1/completions", {**COMPLETION, "logprobs": 0}, "logprobs"),
+    ("/v1/completions", {**COMPLETION, "echo": True}, "echo"),
+    ("/v1/completions", {**COMPLETION, "best_of": 2}, "best_of"),
+    ("/v1/completions", {**COMPLETION, "suffix": "xyz"}, "suffix"),
+    ("/v1/completions", {**COMPLETION, "min_p": 0.1}, "min_p"),
+])
+def test_a_field_the_server_does_not_implement_is_a_400_naming_it(url, path, body, field):
+    r = httpx.post(url + path, json=body)
+    error = r.json()["error"]
+    assert r.status_code == 400 and (error["param"], error["code"]) == (field, "unsupported_parameter"), r.text
+    assert error["type"] == "invalid_request_error"
+
+
+def test_neutral_values_and_fields_that_change_no_output_are_accepted(url):
+    neutral = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "user": "u1",
+               "metadata": {"k": "v"}, "prompt_cache_key": "p", "safety_identifier": "s"}
+    expected = reference_text(messages=CHAT["messages"], max_tokens=4)
+    chat = {**CHAT, **neutral, "logprobs": False, "top_logprobs": 0, "response_format": {"type": "text"},
+            "tools": [], "tool_choice": "none", "parallel_tool_calls": True, "store": False, "service_tier": "auto",
+            "modalities": ["text"], "audio": None}
+    r = httpx.post(url + "/v1/chat/completions", json=chat)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == expected
+    r = httpx.post(url + "/v1/completions", json={**COMPLETION, **neutral, "echo": False, "best_of": 1,
+                                                  "logprobs": None, "suffix": ""})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == reference_text("abc", 4)
+
+
+def test_the_official_client_gets_a_bad_request_error_for_an_unsupported_field(url):
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="unsupported_parameter|not supported"):
+        client.chat.completions.create(**CHAT, logprobs=True)
+    answer = client.chat.completions.create(**CHAT, n=1, presence_penalty=0)  # what many clients send
+    assert answer.choices[0].message.content == reference_text(messages=CHAT["messages"], max_tokens=4)
+
+
+def test_top_k_minus_one_is_off(url):
+    body = {**COMPLETION, "temperature": 0.9, "seed": 7, "max_tokens": 12}
+    off = httpx.post(url + "/v1/completions", json={**body, "top_k": 0}).json()["choices"][0]["text"]
+    minus_one = httpx.post(url + "/v1/completions", json={**body, "top_k": -1})
+    assert minus_one.status_code == 200 and minus_one.json()["choices"][0]["text"] == off
+    assert httpx.post(url + "/v1/completions", json={**body, "top_k": -2}).status_code == 400
