@@ -6,6 +6,7 @@ so a streamed text shows every token in order: lost, repeated or swapped tokens 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -108,6 +109,12 @@ def running_server(service: Service, graceful: float = 5.0, drain: float = 5.0,
         server.should_exit = True
         thread.join(timeout=30)
         assert not thread.is_alive(), "the server did not stop"
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (server and client run in it), from /proc."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def wait_until(predicate, timeout: float = 10.0) -> bool:

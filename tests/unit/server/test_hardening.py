@@ -24,7 +24,7 @@ from specrouter.engine import generate
 from specrouter.engine.prefill import PREFILL_SHARE
 
 from ..router_synth import linear
-from ..server_synth import MODEL, build_service, family, reference_text, running_server, wait_until
+from ..server_synth import MODEL, build_service, family, reference_text, rss_bytes, running_server, wait_until
 
 
 def test_a_lone_surrogate_in_any_text_field_is_a_400_and_the_connection_serves_the_next_request():
@@ -310,11 +310,6 @@ def test_a_long_prompt_arriving_does_not_stall_a_running_stream():
     assert text == whole_text == alone  # greedy: the target alone's text
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="resident memory is read from /proc")
 def test_a_64_mb_body_is_refused_after_reading_at_most_the_limit_and_memory_grows_under_50_mb():
     """Without Content-Length (chunked), 64 MB are offered; the server reads up to its limit
@@ -322,14 +317,14 @@ def test_a_64_mb_body_is_refused_after_reading_at_most_the_limit_and_memory_grow
     service, _ = build_service()
     block = b"x" * (1 << 20)
     with running_server(service) as (url, _):
-        before = _rss_bytes()
+        before = rss_bytes()
         try:
             r = httpx.post(url + "/v1/completions", content=(block for _ in range(64)),
                            headers={"content-type": "application/json"}, timeout=60)
             assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
         except httpx.WriteError:
             pass  # the server answered and closed while the client still wrote: refused all the same
-        grown = _rss_bytes() - before
+        grown = rss_bytes() - before
         ok = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "abc", "max_tokens": 3})
         assert ok.status_code == 200
     assert grown < 50 * 2**20, grown / 2**20

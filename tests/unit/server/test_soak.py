@@ -8,12 +8,11 @@ the target's greedy text: a completed stream that lost, repeated or reordered a 
 
 import asyncio
 import json
-import os
 import random
 
 import httpx
 
-from ..server_synth import MODEL, build_service, leaked_kv, reference_text, running_server, wait_until
+from ..server_synth import MODEL, build_service, leaked_kv, reference_text, rss_bytes, running_server, wait_until
 
 CLIENTS, REQUESTS_EACH = 32, 2
 SPECULATIONS = [None, "auto", "off", {"chain": ["small", "mid", MODEL], "draft_lengths": [2, 2]},
@@ -83,11 +82,6 @@ async def run_client(http: httpx.AsyncClient, requests: list[dict], outcomes: li
         outcomes.append((req, "".join(texts), finishes, done))
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_soak_32_streaming_clients_with_random_disconnects():
     rng = random.Random(20261130)
     plans = [plan(rng) for _ in range(CLIENTS)]
@@ -104,11 +98,11 @@ def test_soak_32_streaming_clients_with_random_disconnects():
     with running_server(service) as (url, _):
         asyncio.run(main(url))  # a first round: what a server allocates once (caches, pools) is allocated
         assert wait_until(lambda: service.live_sequences == 0 and leaked_kv(models) == 0)
-        settled = _rss_bytes()
+        settled = rss_bytes()
         first = len(outcomes)
         asyncio.run(main(url))
         assert wait_until(lambda: service.live_sequences == 0 and leaked_kv(models) == 0)
-        grown = _rss_bytes() - settled
+        grown = rss_bytes() - settled
         metrics = httpx.get(url + "/metrics").text
 
     assert grown < 20 * 2**20, grown / 2**20  # memory flat: a second round keeps nothing of its requests
