@@ -75,8 +75,13 @@ class SequenceState:
 
     def to_feed(self, backend: Backend, tokens: Sequence[int], n_logits: int) -> int:
         """How many tokens prepare() would have the backend evaluate for this request."""
-        cached = self._cached.get(id(backend), ())
-        return len(tokens) - min(common_prefix(cached, tokens), len(tokens) - n_logits)
+        return len(tokens) - self._keep(self._cached.get(id(backend), ()), tokens, n_logits)
+
+    @staticmethod
+    def _keep(cached: Sequence[int], tokens: Sequence[int], n_logits: int) -> int:
+        """Cached positions a request for `tokens` keeps: what they share, less at least the
+        last n_logits tokens to evaluate (their logits are not stored)."""
+        return min(common_prefix(cached, tokens), len(tokens) - n_logits)
 
     def prepare(self, backend: Backend, tokens: Sequence[int], n_logits: int) -> tuple[int, list[int], int, int]:
         """Roll the cache back to what it shares with `tokens` and return the backend call
@@ -87,8 +92,7 @@ class SequenceState:
             self._cached[key] = []
             self._backends[key] = backend
         cached = self._cached[key]
-        # Keep at least the last n_logits tokens to evaluate: their logits are not stored.
-        keep = min(common_prefix(cached, tokens), len(tokens) - n_logits)
+        keep = self._keep(cached, tokens, n_logits)
         if keep < len(cached):
             backend.remove(self._slots[key], keep)
             del cached[keep:]

@@ -85,7 +85,7 @@ NoTopLogprobs = Unsupported(0, what="top_logprobs")
 TextFormat = Unsupported({"type": "text"}, what="response_format other than text")
 NoTools = Unsupported([], what="tools")
 NoToolChoice = Unsupported("none", "auto", what="tool_choice other than none or auto (without tools)")
-AnyBool = Unsupported(True, False, what="parallel_tool_calls")
+ParallelToolCalls = Unsupported(True, False, what="parallel_tool_calls")
 NoFunctions = Unsupported([], what="functions")
 NoFunctionCall = Unsupported("none", "auto", what="function_call")
 NoStore = Unsupported(False, what="store")
@@ -196,7 +196,7 @@ class ChatCompletionRequest(_Sampling):
     response_format: TextFormat = None
     tools: NoTools = None
     tool_choice: NoToolChoice = None
-    parallel_tool_calls: AnyBool = None
+    parallel_tool_calls: ParallelToolCalls = None
     functions: NoFunctions = None
     function_call: NoFunctionCall = None
     store: NoStore = None
