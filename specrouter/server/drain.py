@@ -8,13 +8,24 @@ new requests get 503 with Retry-After, those in flight may finish for `grace` se
 each one left then ends with a clean error (a stream: an error event then [DONE]; a plain
 request: a 503 body). uvicorn's shutdown then only waits FLUSH_SECONDS for those last
 responses to be written.
+
+uvicorn re-raises the signal it handled once it has shut down (so that an embedding program
+learns of it): SIGINT became a KeyboardInterrupt (exit 130) and SIGTERM killed the process
+before `specrouter serve` could save its router estimates and close its models.
+DrainingServer handles the signal and returns: the command finishes its own shutdown and
+exits 0.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
+import threading
+from collections.abc import Iterator
 
 import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
 
 from specrouter.server.service import Service
 
@@ -30,3 +41,17 @@ class DrainingServer(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.service.drain(self.grace)
         await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's handlers for the shutdown signals while serving, without re-raising the
+        signal afterwards (see the module docstring)."""
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
