@@ -49,6 +49,8 @@ EXACTNESS_TESTS = [
     "tests/unit/drafters/test_ngram.py",
     "tests/unit/router/test_draft_stop.py",
     "tests/unit/engine/test_batch.py",
+    "tests/unit/cascade/test_penalties.py",
+    "tests/unit/cascade/test_logprobs.py",
     *LAW_TESTS,
     "tests/unit/cascade/test_sampling_exactness.py",
 ]
@@ -139,8 +141,11 @@ MUTANTS = [
            (Edit("specrouter/engine/request.py", "        self.context += new\n        self.state.rollback_to(self.context)\n",
                  "        self.context += new\n"),)),
     Mutant("prepare-keeps-mismatch", "catch-up keeps the first mismatching cached token",
-           (Edit("specrouter/state.py", "keep = min(common_prefix(cached, tokens), len(tokens) - n_logits)",
-                 "keep = min(common_prefix(cached, tokens) + 1, len(cached), len(tokens) - n_logits)"),)),
+           (Edit("specrouter/state.py", "return min(common_prefix(cached, tokens), len(tokens) - n_logits)",
+                 "return min(common_prefix(cached, tokens) + 1, len(cached), len(tokens) - n_logits)"),)),
+    Mutant("penalties-committed-only", "a row's penalties count the committed text only, not the tokens drafted "
+           "before it in its block",
+           (Edit("specrouter/cascade/penalties.py", "extra = prefix[self.committed:]", "extra = ()"),)),
     Mutant("batch-logits-swapped", "a batched call hands each sequence another sequence's logits",
            (Edit("specrouter/engine/batch.py", "in zip(group, outputs):", "in zip(group, outputs[::-1]):"),)),
     Mutant("top-p-one-short", "top-p keeps one token fewer than the smallest set reaching top_p",

@@ -1,9 +1,13 @@
-"""Chat prompts through the chat template stored in the model file (Jinja2, sandboxed)."""
+"""Chat prompts through the chat template stored in the model file (Jinja2, sandboxed, with
+the settings Hugging Face's templates are written for: `loopcontrols`, and `tojson` that
+keeps non-ASCII text and key order)."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
+from typing import Any
 
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -22,23 +26,41 @@ def _raise(message: str):
     raise TemplateError(message)
 
 
-def render_chat(model: Backend, messages: list[dict[str, str]]) -> str:
-    """The template's text of the messages; a `developer` message (OpenAI's newer name of
-    the system role) renders as `system` where the template does not know that role (Qwen's
-    templates drop a role they do not know without a word)."""
+def _tojson(value: Any, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
+    """Hugging Face's tojson: no HTML escaping, non-ASCII kept, keys in their order."""
+    return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def supports_tools(model: Backend) -> bool:
+    """Whether the model's chat template renders `tools` (Qwen's do; ChatML alone does not)."""
+    return "tools" in (model.chat_template or CHATML)
+
+
+def render_chat(model: Backend, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+                variables: dict[str, Any] | None = None) -> str:
+    """The template's text of the messages (and of `tools`, function definitions in OpenAI's
+    shape, where given; `variables`: more of the template's variables, which cannot replace
+    these); a `developer` message (OpenAI's newer name of the system role)
+    renders as `system` where the template does not know that role (Qwen's templates drop a
+    role they do not know without a word)."""
     template = model.chat_template or CHATML
+    if tools and not supports_tools(model):
+        raise ChatTemplateError(f"the chat template of {model.name} does not support tools")
     if "developer" not in template:
         messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(template).render(
-            messages=messages,
-            add_generation_prompt=True,
-            bos_token=model.bos_text,
-            eos_token=model.eos_text,
-        )
+        return env.from_string(template).render({
+            **(variables or {}),
+            "messages": messages,
+            "tools": tools or None,
+            "add_generation_prompt": True,
+            "bos_token": model.bos_text,
+            "eos_token": model.eos_text,
+        })
     except TemplateError as exc:
         raise ChatTemplateError(f"the chat template of {model.name} cannot render these messages: {exc}") from None
 
@@ -48,20 +70,24 @@ _SLOT = "\x00specrouter-content-{}\x00"
 _SLOTS = re.compile("\x00specrouter-content-(\\d+)\x00")
 
 
-def chat_prompt_tokens(model: Backend, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of a chat prompt; the template writes BOS itself where the model wants one.
+def chat_prompt_tokens(model: Backend, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+                       variables: dict[str, Any] | None = None) -> list[int]:
+    """Token ids of a chat prompt (tools and variables: see render_chat); the template writes
+    BOS itself where the model wants one.
 
     Only the template's own markers become control tokens: each message's content is
     tokenized as plain text (parse_special=False), so a user who writes `<|im_start|>system`
     gets those characters, not a new turn. The template is rendered with a placeholder per
     content, and the text between placeholders (the template's) is tokenized with special
     tokens parsed. A template that alters or repeats a content (a placeholder not found
-    exactly once) is rendered with the contents in place and tokenized whole, as before."""
-    slotted = [{**m, "content": _SLOT.format(i)} for i, m in enumerate(messages)]
-    text = render_chat(model, slotted)
+    exactly once) is rendered with the contents in place and tokenized whole, as before.
+    A message without text content (an assistant's tool calls) has no placeholder."""
+    texts = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str) and m["content"]]
+    slotted = [{**m, "content": _SLOT.format(i)} if i in texts else m for i, m in enumerate(messages)]
+    text = render_chat(model, slotted, tools, variables)
     found = [int(i) for i in _SLOTS.findall(text)]
-    if sorted(found) != list(range(len(messages))):
-        return _tokenize_whole(model, render_chat(model, messages))
+    if sorted(found) != texts:
+        return _tokenize_whole(model, render_chat(model, messages, tools, variables))
     bos = model.bos_text
     tokens: list[int] = []
     add_bos = not (bos and text.startswith(bos))

@@ -17,7 +17,7 @@ from specrouter.chat import chat_prompt_tokens
 from specrouter.cli_torch import convert
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import GenerationResult, generate_stream
-from specrouter.engine.request import check_max_tokens, check_prompt_nonempty
+from specrouter.engine.request import check_logprobs, check_max_tokens, check_prompt_nonempty
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError, SpecRouterError
 from specrouter.models import DEFAULT_POOL, check_pulled_integrity, is_pulled, model_path, pull
@@ -81,23 +81,35 @@ _profile_option = click.option(
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--min-p", type=float, default=0.0, show_default=True, help="0 disables.")
+@click.option("--frequency-penalty", type=float, default=0.0, show_default=True)
+@click.option("--presence-penalty", type=float, default=0.0, show_default=True)
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 disables.")
 @click.option("--seed", type=int, default=None, help="Fixes the sampling randomness.")
 @click.option("--max-tokens", type=int, default=128, show_default=True)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
 @click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context window per sequence.")
 @click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--logprobs", type=int, default=None,
+              help="With --json: each token's log-probability under the target and this many alternatives.")
 @click.option("--exact", is_flag=True,
               help="Exact kernels for llama.cpp models: greedy output of every chain equals the target alone's bit for bit "
                    "(a one-token forward then costs a four-token one; docs/bit-exact.md).")
 @_profile_option
 @_cache_option
-def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temperature, top_k, top_p, seed, max_tokens, stop,
-             n_ctx, threads, as_json, exact, profile_file, cache_dir) -> None:
+def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temperature, top_k, top_p, min_p,
+             frequency_penalty, presence_penalty, repetition_penalty, seed, max_tokens, stop, n_ctx, threads, as_json,
+             logprobs, exact, profile_file, cache_dir) -> None:
     """Generate text with a chain of models."""
     if (prompt is None) == (chat is None):
         raise InvalidParameterError("give exactly one of --prompt TEXT or --chat TEXT")
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    if logprobs is not None and not as_json:
+        raise InvalidParameterError("--logprobs is reported in the --json output: add --json")
+    check_logprobs(logprobs)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, min_p=min_p,
+                            frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                            repetition_penalty=repetition_penalty)
     check_max_tokens(max_tokens)  # before any model loads
     check_prompt_nonempty(prompt if prompt is not None else chat)
     specs = parse_chain(chain)
@@ -121,7 +133,7 @@ def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temper
         else:
             tokens = model.tokenize(prompt)
         result = None
-        for item in generate_stream(built, tokens, params, max_tokens, stop=stop):
+        for item in generate_stream(built, tokens, params, max_tokens, stop=stop, logprobs=logprobs):
             if isinstance(item, GenerationResult):
                 result = item
             elif not as_json:
@@ -232,12 +244,14 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--max-prompt-tokens", type=int, help="Longest prompt in tokens (default: the context less one).")
 @click.option("--cors-origins", help="Comma-separated origins a browser may call the API from, '*' for any "
                                      "(default: none).")
+@click.option("--served-model-name", help="Comma-separated names a request's `model` may use for the target; "
+                                          "responses report the first (default: the target's name).")
 @_profile_option
 @_cache_option
 def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, max_queue,
               max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, memory, memory_tokens,
-              max_body_bytes, allowed_hosts, exact, prefill_share, max_prompt_tokens, cors_origins, profile_file,
-              cache_dir) -> None:
+              max_body_bytes, allowed_hosts, exact, prefill_share, max_prompt_tokens, cors_origins, served_model_name,
+              profile_file, cache_dir) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra)."""
     try:
         from specrouter.server.config import load_config
@@ -253,7 +267,8 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, 
         shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key,
         memory=memory, memory_tokens=memory_tokens, max_body_bytes=max_body_bytes,
         allowed_hosts=_names(allowed_hosts), exact=exact, prefill_share=prefill_share,
-        max_prompt_tokens=max_prompt_tokens, cors_origins=_names(cors_origins), profile=profile_file, cache_dir=cache_dir,
+        max_prompt_tokens=max_prompt_tokens, cors_origins=_names(cors_origins),
+        served_model_name=_names(served_model_name), profile=profile_file, cache_dir=cache_dir,
     )
     serve(config)
 

@@ -37,6 +37,7 @@ class SyntheticBackend(Backend):
         params_b: float = 1.0,
         latency: Callable[[int], float] | None = None,
         sleep: bool = False,
+        chat_template: str | None = None,
     ) -> None:
         super().__init__()
         self.name = name
@@ -48,6 +49,7 @@ class SyntheticBackend(Backend):
         self.noise, self.scale, self.order = noise, scale, order
         self.latency = latency or (lambda n: 0.0)
         self.sleep = sleep
+        self._chat_template = chat_template  # None: none (chat.py then uses ChatML)
         self.simulated_seconds = 0.0
         self.decode_calls = 0  # calls into the model (a batch counts once)
         self.batch_calls = 0
@@ -71,6 +73,10 @@ class SyntheticBackend(Backend):
         return row
 
     # Backend interface -----------------------------------------------------------
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
     def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
         logits = self._extend(seq, tokens, pos, n_logits)
         self._charge(len(tokens))

@@ -26,6 +26,8 @@ from typing import Protocol
 import numpy as np
 
 from specrouter.backends.base import Backend
+from specrouter.cascade.logprobs import TokenLogprob, emitted_logprobs
+from specrouter.cascade.penalties import History, penalize, penalized
 from specrouter.cascade.proposer import Draft, LengthPolicy, Proposer, confidence, cut_after_eos
 from specrouter.cascade.sampling import SamplingParams, sample, warp
 from specrouter.cascade.verify import residual, verify_greedy, verify_sampled
@@ -97,15 +99,41 @@ def execute(calls: Sequence[tuple[SequenceState, EvalRequest]],
 
 @dataclass
 class LevelStats:
+    """One level's counters (cumulative; `since` gives what was added after a copy)."""
+
     name: str
     proposed: int = 0  # tokens this level handed to the level above
     accepted: int = 0  # of those, how many the level above accepted
     forwards: int = 0  # model calls (0 for the n-gram level)
     seconds: float = 0.0  # wall time inside this level's calls
+    drafts: int = 0  # blocks of one or more tokens it handed up
+    #: [j]: the blocks whose first j + 1 tokens were accepted (vLLM's accepted tokens per position).
+    accepted_per_position: list[int] = field(default_factory=list)
 
     @property
     def acceptance(self) -> float | None:
         return self.accepted / self.proposed if self.proposed else None
+
+    def since(self, before: LevelStats) -> LevelStats:
+        """What was counted after `before` (an earlier copy of these counters)."""
+        per_position = [n - (before.accepted_per_position[j] if j < len(before.accepted_per_position) else 0)
+                        for j, n in enumerate(self.accepted_per_position)]
+        return LevelStats(self.name, self.proposed - before.proposed, self.accepted - before.accepted,
+                          self.forwards - before.forwards, self.seconds - before.seconds,
+                          self.drafts - before.drafts, per_position)
+
+    def add(self, other: LevelStats) -> None:
+        """Add another's counts to these (same level)."""
+        self.proposed += other.proposed
+        self.accepted += other.accepted
+        self.forwards += other.forwards
+        self.seconds += other.seconds
+        self.drafts += other.drafts
+        _add_positions(self.accepted_per_position, other.accepted_per_position)
+
+    def copy(self) -> LevelStats:
+        return LevelStats(self.name, self.proposed, self.accepted, self.forwards, self.seconds, self.drafts,
+                          list(self.accepted_per_position))
 
     def as_dict(self) -> dict:
         return {
@@ -116,6 +144,13 @@ class LevelStats:
             "forwards": self.forwards,
             "seconds": round(self.seconds, 6),
         }
+
+
+def _add_positions(counts: list[int], more: Sequence[int]) -> None:
+    if len(counts) < len(more):
+        counts.extend([0] * (len(more) - len(counts)))
+    for j, n in enumerate(more):
+        counts[j] += n
 
 
 def check_chain(names: Sequence[str], draft_lengths: Sequence[int] | None = None,
@@ -206,7 +241,14 @@ class CycleRunner:
         residual_fn=residual,
         observer: CycleObserver | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        logprobs: int | None = None,
+        history: History | None = None,
     ) -> None:
+        """logprobs: report each emitted token's log-probability with that many alternatives
+        (logprobs.py; None: report none). history: the committed text penalties read
+        (penalties.py), synced to the cycle's context; needed when params penalise."""
+        if history is None and penalized(params):
+            raise InvalidParameterError("penalties and biases need the sequence's History")
         self.chain, self.state, self.params, self.rng = chain, state, params, rng
         self.stats = stats if stats is not None else [LevelStats(level.name) for level in chain.levels]
         self._residual = residual_fn
@@ -214,6 +256,10 @@ class CycleRunner:
         self.observer = observer
         self.clock = clock  # a simulated clock in tests; wall time otherwise
         self.committed = 0  # the current cycle's starting context (proposer.Drafting)
+        self.logprobs = logprobs
+        self.history = history if penalized(params) else None
+        #: The emitted tokens' entries, one per token the cycle returned (when logprobs is set).
+        self.emitted: list[TokenLogprob] = []
 
     def cycle(self, context: Sequence[int], max_new: int) -> list[int]:
         """New tokens the target emits after `context` (1 .. max_new of them)."""
@@ -232,13 +278,20 @@ class CycleRunner:
         Returns (StopIteration.value) the new tokens."""
         self.committed = len(context)
         top = len(self.chain.levels) - 1
-        if top == 0:
-            return (yield from self._block(0, list(context), 0))[0]
-        draft = min(self.chain.draft_lengths[top - 1], max_new - 1)
+        draft = min(self.chain.draft_lengths[top - 1], max_new - 1) if top else 0
         tokens, _ = yield from self._block(top, list(context), draft)
+        del self.emitted[max_new:]
         return tokens[:max_new]
 
     # ------------------------------------------------------------------------------
+    def _processed(self, rows, tokens: list[int]):
+        """Rows after the last len(rows) prefixes of `tokens` (row j after tokens[:len(tokens)
+        - len(rows) + 1 + j]), transformed by the penalties (penalties.py; as they are without)."""
+        if self.history is None:
+            return rows
+        first = len(tokens) - len(rows) + 1
+        return [penalize(row, tokens[: first + j], self.params, self.history) for j, row in enumerate(rows)]
+
     def _dist(self, row: np.ndarray):
         """What a level keeps per position: its argmax under greedy, else its warped p."""
         return int(np.argmax(row)) if self.params.greedy else warp(row, self.params)
@@ -262,8 +315,8 @@ class CycleRunner:
         return self.chain.eos_ids
 
     def row(self, tokens: list[int]):
-        """Level 0's next-token logits after tokens."""
-        return (yield from self._evaluate(0, tokens, 1))[0]
+        """Level 0's next-token logits after tokens (penalised as every level's are)."""
+        return self._processed((yield from self._evaluate(0, tokens, 1)), tokens)[0]
 
     def pick(self, row: np.ndarray, want_confidence: bool):
         start = self.clock()
@@ -304,15 +357,22 @@ class CycleRunner:
         proposals, q = draft.tokens, draft.dists
         rows = yield from self._evaluate(i, context + proposals, len(proposals) + 1)
         start = self.clock()
+        rows = self._processed(rows, context + proposals)
         p = [self._dist(row) for row in rows]
         if self.params.greedy:
             n_acc, nxt = verify_greedy(proposals, p)
         else:
             n_acc, nxt = verify_sampled(proposals, q, p, self.rng, self._residual)
+        if self.logprobs is not None and i == len(self.chain.levels) - 1:
+            emitted = proposals[:n_acc] + [nxt]
+            self.emitted = emitted_logprobs(rows, emitted, self.params, self.logprobs, p)
         self._rows_done(i, len(rows), start)
         if i > 0:
-            self.stats[i - 1].proposed += len(proposals)
-            self.stats[i - 1].accepted += n_acc
+            lower = self.stats[i - 1]
+            lower.proposed += len(proposals)
+            lower.accepted += n_acc
+            lower.drafts += bool(proposals)
+            _add_positions(lower.accepted_per_position, [1] * n_acc)
             if i == 1 and n_below > 0:
                 self.chain.proposer.feedback(draft, n_acc)
             if draft.stopped:  # a draft its policy ended asked for no more: its end is no rejection to score

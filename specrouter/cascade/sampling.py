@@ -1,7 +1,8 @@
-"""Sampling parameters and logit warping (temperature, top-k, top-p).
+"""Sampling parameters and logit warping (temperature, min-p, top-k, top-p).
 
 Every level of a chain warps its own logits with the same parameters, so the
 distribution the target's output must follow is the target's *warped* distribution.
+Penalties and biases transform the logits before warping (penalties.py).
 """
 
 from __future__ import annotations
@@ -19,14 +20,27 @@ from specrouter.errors import InvalidParameterError
 _TOP_P_CANDIDATES = 512
 
 
+#: The range of a logit_bias value (OpenAI's).
+MAX_LOGIT_BIAS = 100.0
+#: The range of frequency_penalty and presence_penalty (OpenAI's).
+MAX_PENALTY = 2.0
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy (argmax); top_k 0 and top_p 1 disable those filters."""
+    """temperature 0 means greedy (argmax); top_k 0, top_p 1 and min_p 0 disable those
+    filters. Penalties and biases (penalties.py): frequency_penalty and presence_penalty 0,
+    repetition_penalty 1 and an empty logit_bias ((token, bias) pairs) change nothing."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
@@ -37,10 +51,29 @@ class SamplingParams:
             raise InvalidParameterError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k}")
         if not isinstance(self.top_p, (int, float)) or math.isnan(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not _real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidParameterError(f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not _real(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise InvalidParameterError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}")
+        if not _real(self.repetition_penalty) or not 0 < self.repetition_penalty <= 1e3:
+            raise InvalidParameterError(f"repetition_penalty must be > 0 (1 disables), got {self.repetition_penalty}")
+        for token, bias in self.logit_bias:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise InvalidParameterError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            if not _real(bias) or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise InvalidParameterError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                                            f"got {bias!r} for token {token}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _real(x: object) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 #: Above this 1/temperature the scaled logits leave float32's range: float64 is used.
@@ -69,6 +102,9 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         scaled *= inverse
     if math.isinf(inverse):  # a temperature so small its inverse overflows: 0 * inf at the maximum
         scaled[np.isnan(scaled)] = 0.0
+    if params.min_p > 0:
+        # p / p_max = exp(scaled) (the maximum is at 0): keep p >= min_p * p_max.
+        scaled[scaled < math.log(params.min_p)] = -np.inf
     vocab = scaled.shape[-1]
     if params.top_k and params.top_k < vocab:
         # Ties at the k-th value are cut by argpartition's order; every level of a chain

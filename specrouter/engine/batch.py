@@ -22,7 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from specrouter.cascade.chain import Chain, EvalRequest, execute
+from specrouter.cascade.chain import Chain, EvalRequest, LevelStats, execute
+from specrouter.cascade.logprobs import TokenLogprob
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import MemoryScope
 from specrouter.engine.prefill import PREFILL_SHARE, ChunkedPrefill
@@ -37,9 +38,21 @@ class SeqRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 16
     stop: list[str] = field(default_factory=list)
+    #: Alternatives reported per emitted token with its log-probability (None: no logprobs).
+    logprobs: int | None = None
     speculation: Speculation | None = None  # None: the scheduler's default
     #: The request's part of the cross-request suffix memory (OPTED_OUT: none).
     memory: MemoryScope = field(default_factory=MemoryScope)
+    #: Which of its request's choices this sequence is (n > 1): its own random stream.
+    choice: int = 0
+
+    def rng(self) -> np.random.Generator:
+        """The sequence's random stream: the seed's own for choice 0 (what the request alone
+        gets), a stream of (seed, choice) for the others; fresh entropy without a seed."""
+        seed = self.params.seed
+        if seed is None:
+            return np.random.default_rng()
+        return np.random.default_rng(seed if self.choice == 0 else [seed, self.choice])
 
 
 @dataclass
@@ -47,6 +60,8 @@ class Delta:
     request_id: str
     text: str
     tokens: int = 0  # tokens committed since the request's previous Delta
+    #: The log-probabilities of the tokens this text shows (when the request asked for them).
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -72,10 +87,20 @@ class _Active:
     steps: Generator[EvalRequest, np.ndarray, list[int]] | None = None  # the cycle in progress
     pending: EvalRequest | None = None  # the forward it waits for
     reported: int = 0  # tokens counted in Deltas so far
+    counted: dict[str, LevelStats] = field(default_factory=dict)  # its level counters as last taken
 
-    def delta(self, rid: str, text: str) -> Delta:
+    def spec_counts(self) -> list[LevelStats]:
+        """What its level counters added since the last call."""
+        out = []
+        for name, stats in self.run.stats.items():
+            before = self.counted.get(name)
+            out.append(stats.since(before) if before is not None else stats.copy())
+            self.counted[name] = stats.copy()
+        return out
+
+    def delta(self, rid: str, text: str, final: bool = False) -> Delta:
         tokens, self.reported = len(self.run.generated) - self.reported, len(self.run.generated)
-        return Delta(rid, text, tokens)
+        return Delta(rid, text, tokens, self.run.take_logprobs(final))
 
 
 @dataclass
@@ -118,6 +143,8 @@ class BatchScheduler:
         self._active: dict[str, _Active] = {}
         #: Per model name, how many of its calls served B sequences: {B: calls} (bounded, for long runs).
         self.batch_sizes: dict[str, Counter[int]] = {}
+        #: Per level, what the requests' counters added since take_spec_counts last ran.
+        self._spec: dict[str, LevelStats] = {}
 
     @property
     def n_active(self) -> int:
@@ -137,12 +164,27 @@ class BatchScheduler:
                 u.sequences, u.tokens = u.sequences + 1, u.tokens + tokens
         return use
 
+    def take_spec_counts(self) -> dict[str, LevelStats]:
+        """Per level, what every request's counters (drafts, proposed and accepted tokens,
+        forwards) added since the last call: live speculation metrics, cycle by cycle."""
+        out, self._spec = self._spec, {}
+        return out
+
+    def _count(self, a: _Active) -> None:
+        for stats in a.spec_counts():
+            total = self._spec.get(stats.name)
+            if total is None:
+                self._spec[stats.name] = stats
+            else:
+                total.add(stats)
+
     def add(self, request_id: str, request: SeqRequest) -> None:
         """Queue a request; bad input raises here (SpecRouterError), before anything runs."""
         if request_id in self._active or any(r == request_id for r, _ in self._waiting):
             raise InvalidParameterError(f"request id {request_id!r} is already in use")
         run = SequenceRun(self.plan(request), request.prompt_tokens, request.params, request.max_tokens,
-                          request.stop, np.random.default_rng(request.params.seed), clock=self.clock)
+                          request.stop, request.rng(), clock=self.clock,
+                          logprobs=request.logprobs)
         self._waiting.append((request_id, run))
 
     def cancel(self, request_id: str) -> bool:
@@ -158,6 +200,7 @@ class BatchScheduler:
         if active.steps is not None:
             active.steps.close()
         active.run.release()
+        self._count(active)
         return True
 
     def step(self) -> list[Event]:
@@ -247,6 +290,7 @@ class BatchScheduler:
     def _end_cycle(self, rid: str, a: _Active, new: list[int], events: list[Event]) -> None:
         a.steps = a.pending = None
         delta = a.run.end_cycle(new)
+        self._count(a)
         if delta:
             events.append(a.delta(rid, delta))
         if a.run.finished or a.run.room <= 0:
@@ -256,8 +300,9 @@ class BatchScheduler:
         del self._active[rid]
         a.run.release()
         delta, result = a.run.result()
-        if delta:
-            events.append(a.delta(rid, delta))
+        last = a.delta(rid, delta, final=True)
+        if last.text or last.logprobs:
+            events.append(last)
         events.append(Finished(rid, result))
 
     def _fail(self, rid: str, a: _Active, exc: Exception, events: list[Event]) -> None:
@@ -265,6 +310,7 @@ class BatchScheduler:
         if a.steps is not None:
             a.steps.close()
         a.run.release()
+        self._count(a)
         events.append(Failed(rid, exc))
 
     def _model_failed(self, rid: str, a: _Active, backend, exc: Exception, events: list[Event]) -> None:

@@ -28,12 +28,15 @@ def generate_stream(
     detokenize: Callable[[int], bytes] | None = None,
     residual_fn=residual,
     clock: Callable[[], float] = time.perf_counter,
+    logprobs: int | None = None,
 ) -> Iterator[str | GenerationResult]:
     """Yield text deltas as tokens are committed, then the GenerationResult last.
 
     `chain`: a fixed Chain, or a ChainRouter asked for the chain before every cycle.
-    `clock`: what seconds are measured with (tests pass a simulated clock)."""
-    run = SequenceRun(chain, prompt_tokens, params, max_tokens, stop, rng, detokenize, residual_fn, clock)
+    `clock`: what seconds are measured with (tests pass a simulated clock).
+    `logprobs`: the result carries every token's log-probability with that many
+    alternatives (cascade/logprobs.py; None: none)."""
+    run = SequenceRun(chain, prompt_tokens, params, max_tokens, stop, rng, detokenize, residual_fn, clock, logprobs)
     try:
         while (runner := run.start_cycle()) is not None:
             delta = run.end_cycle(runner.cycle(run.context, run.room))

@@ -22,6 +22,7 @@ model). A chain spec is checked by check_chain (cascade/chain.py).
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +33,8 @@ import numpy as np
 
 from specrouter.backends.base import Backend
 from specrouter.cascade.chain import Chain, CycleObserver, CycleRunner, LevelStats
+from specrouter.cascade.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
+from specrouter.cascade.penalties import History, penalized
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.cascade.verify import residual
 from specrouter.errors import EmptyPromptError, InvalidParameterError, InvalidTokenIdError, PromptTooLongError
@@ -55,6 +58,8 @@ class GenerationResult:
     chains_per_cycle: list[int] = field(default_factory=list)
     #: The router's recorded decisions (empty for a fixed chain), for --explain.
     decisions: list[dict] = field(default_factory=list)
+    #: Per token of token_ids, its log-probability (cascade/logprobs.py); None: not asked for.
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -78,6 +83,7 @@ class GenerationResult:
             "chains_used": [{"chain": c, "draft_lengths": k} for c, k in self.chains_used],
             "chains_per_cycle": self.chains_per_cycle,
             **({"router_decisions": self.decisions} if self.decisions else {}),
+            **({"logprobs": [e.as_dict() for e in self.logprobs]} if self.logprobs is not None else {}),
         }
 
 
@@ -167,6 +173,14 @@ def check_max_tokens(max_tokens: int) -> None:
         raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
 
 
+def check_logprobs(logprobs: int | None) -> None:
+    """None (none reported), or how many alternatives to report per token: 0..MAX_TOP_LOGPROBS."""
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise InvalidParameterError(f"logprobs must be an integer in 0..{MAX_TOP_LOGPROBS} (alternatives per token), "
+                                    f"got {logprobs!r}")
+
+
 def check_stop(stop: Sequence[str]) -> None:
     if any(not s for s in stop):
         raise InvalidParameterError("stop strings must be non-empty")
@@ -195,6 +209,14 @@ def check_prompt(router: ChainRouter, prompt_tokens: Sequence[int]) -> None:
         )
 
 
+def check_logit_bias(router: ChainRouter, params: SamplingParams) -> None:
+    """Every token id of logit_bias is in the target's vocabulary (InvalidTokenIdError)."""
+    n_tokens = router.target.n_tokens
+    bad = next((t for t, _ in params.logit_bias if t >= n_tokens), None)
+    if bad is not None:
+        raise InvalidTokenIdError(f"logit_bias token id {bad} is outside the vocabulary (0..{n_tokens - 1})")
+
+
 class SequenceRun:
     """One request's generation between cycles: committed tokens, text and stop rules,
     statistics, and the router's choice per cycle. Whoever drives it runs each cycle,
@@ -203,12 +225,16 @@ class SequenceRun:
     def __init__(self, chain: Chain | ChainRouter, prompt_tokens: Sequence[int], params: SamplingParams,
                  max_tokens: int, stop: Sequence[str] = (), rng: np.random.Generator | None = None,
                  detokenize: Callable[[int], bytes] | None = None, residual_fn=residual,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        """`chain`: a fixed Chain, or a router asked for the chain before every cycle."""
+                 clock: Callable[[], float] = time.perf_counter, logprobs: int | None = None) -> None:
+        """`chain`: a fixed Chain, or a router asked for the chain before every cycle.
+        `logprobs`: report every emitted token's log-probability with that many alternatives
+        (None: none)."""
         self.router = as_router(chain)
         check_max_tokens(max_tokens)
+        check_logprobs(logprobs)
         check_stop(stop)
         check_prompt(self.router, prompt_tokens)
+        check_logit_bias(self.router, params)
         self.params, self.max_tokens, self.clock = params, max_tokens, clock
         self.rng = rng if rng is not None else np.random.default_rng(params.seed)
         self._residual = residual_fn
@@ -223,6 +249,12 @@ class SequenceRun:
         self.prompt_tokens = len(prompt_tokens)
         self.context = list(prompt_tokens)
         self.generated: list[int] = []
+        self.logprobs = logprobs
+        self._logprobs: list[TokenLogprob] = []  # per token of generated, when logprobs is set
+        self._logprobs_taken = 0  # entries handed out by take_logprobs
+        self._runner: CycleRunner | None = None  # the cycle in progress
+        #: What penalties read of the committed text (None: the params have none).
+        self.history = History(prompt_tokens) if penalized(params) else None
         self._text = TextTracker(detokenize or self.router.target.token_bytes, stop)
         self.finish_reason = "length"
         self.finished = False
@@ -247,8 +279,12 @@ class SequenceRun:
         current = self.router.choose(len(self.context), self.room, self.state.committed_lengths(self.context),
                                      self.context)
         levels = [self.stats.setdefault(lv.name, LevelStats(lv.name)) for lv in current.levels]
+        if self.history is not None:
+            self.history.sync(self.context)
         runner = CycleRunner(current, self.state, self.params, self.rng, stats=levels,
-                             residual_fn=self._residual, observer=self.router, clock=self.clock)
+                             residual_fn=self._residual, observer=self.router, clock=self.clock,
+                             logprobs=self.logprobs, history=self.history)
+        self._runner = runner
         key = (tuple(runner.chain.names), tuple(runner.chain.draft_lengths))
         self._per_cycle.append(self._used.setdefault(key, len(self._used)))
         self._cycle_start = self.clock()
@@ -258,11 +294,14 @@ class SequenceRun:
         """Commit what the target emitted; returns the text that may be shown now."""
         self.router.end_cycle(new, self.clock() - self._cycle_start)
         self.cycles += 1
-        for token in new:
+        entries = self._runner.emitted if self._runner is not None and self.logprobs is not None else []
+        for j, token in enumerate(new):
             if token in self.eos_ids:
                 self.finish_reason, self.finished = "stop", True
                 return ""
             self.generated.append(token)
+            if entries:
+                self._logprobs.append(entries[j])
             if self._text.add(token):
                 self.finish_reason, self.finished = "stop", True
                 return ""
@@ -273,6 +312,17 @@ class SequenceRun:
     @property
     def target(self) -> Backend:
         return self.router.target
+
+    def take_logprobs(self, final: bool = False) -> list[TokenLogprob]:
+        """The entries of the tokens whose text has been shown (flushed) since the last call:
+        what a stream sends with the text it sends (a token held back, for a stop string or
+        an unfinished UTF-8 character, comes with the text that shows it). final (after
+        result()): every kept token's, also one that straddles a stop string's cut."""
+        shown = self._text.n_tokens if final else self._text.shown_tokens()
+        shown = min(shown, len(self._logprobs))
+        out = self._logprobs[self._logprobs_taken : shown]
+        self._logprobs_taken = max(self._logprobs_taken, shown)
+        return out
 
     def abandon_cycle(self) -> None:
         """The cycle in progress was dropped (a model failed): nothing of it is committed."""
@@ -316,6 +366,7 @@ class SequenceRun:
             chains_used=chains_used,
             chains_per_cycle=self._per_cycle,
             decisions=[d.as_dict() for d in self.router.decisions],
+            logprobs=self._logprobs[: len(generated)] if self.logprobs is not None else None,
         )
 
 
@@ -368,6 +419,10 @@ class TextTracker:
         delta = self.text[self._shown : end]
         self._shown = max(self._shown, end)
         return delta
+
+    def shown_tokens(self) -> int:
+        """Tokens of the kept text whose text has been shown in full."""
+        return bisect.bisect_right(self._ends, self._shown, hi=self.n_tokens)  # ends never decrease
 
     def _holdback(self) -> int:
         longest = 0

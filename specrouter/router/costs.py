@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specrouter.cascade.penalties import penalized
 from specrouter.drafters import MODEL_FREE
 
 
@@ -221,6 +222,8 @@ class OnlineCosts:
 
 def row_kind(params) -> str:
     """What a logits row's Python work depends on: greedy (an argmax), or the warp's filters."""
+    extra = "+penalties" * penalized(params)
     if params.greedy:
-        return "greedy"
-    return "sampled" + "+top_k" * bool(params.top_k) + "+top_p" * (params.top_p < 1.0)
+        return "greedy" + extra
+    return "sampled" + "+top_k" * bool(params.top_k) + "+top_p" * (params.top_p < 1.0) + "+min_p" * (params.min_p > 0) \
+        + extra

@@ -10,7 +10,10 @@ cancels its sequence, which frees the sequence's KV state at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import hashlib
+import json
 import logging
 import re
 import time
@@ -29,9 +32,9 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.chat import chat_prompt_tokens
+from specrouter.chat import chat_prompt_tokens, supports_tools
 from specrouter.drafters.memory import OPTED_OUT, MemoryScope
-from specrouter.engine.batch import SeqRequest
+from specrouter.engine.batch import Delta, SeqRequest
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import (BackendError, ChatTemplateError, InvalidChainError, InvalidTokenIdError,
@@ -40,6 +43,7 @@ from specrouter.server import schemas as s
 from specrouter.server.config import ServeConfig
 from specrouter.server.guard import RequestGuard, default_allowed_hosts
 from specrouter.server.service import Handle, QueueFullError, RequestTimeoutError, Service, ServiceStoppedError
+from specrouter.server.tools import ToolCall, ToolCallStream, parse_tool_calls
 
 
 log = logging.getLogger(__name__)
@@ -155,12 +159,17 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
         return MemoryScope(hashlib.sha256(creds.credentials.encode()).hexdigest())
 
     v1 = APIRouter(prefix="/v1", responses=_ERRORS)
-    model = service.model_name
+    names = config.served_model_name or [service.model_name]
+    model = names[0]  # what responses report
 
     def check_request(body) -> None:
         """What a request must pass before its prompt is tokenized: the served model, and
         the kernels the server runs (one kind for every request)."""
-        _check_model(body.model, model)
+        _check_model(body.model, names)
+        outside = next((t for t, _ in body.engine_logit_bias if t >= service.target.n_tokens), None)
+        if outside is not None:
+            raise APIError(400, f"logit_bias token id {outside} is outside the vocabulary "
+                                f"(0..{service.target.n_tokens - 1})", param="logit_bias", code="invalid_token_id")
         if body.exact is not None and body.exact != config.exact:
             raise APIError(400, f"this server runs {'exact' if config.exact else 'default'} kernels for every request: "
                                 f"exact={str(body.exact).lower()} cannot be honoured "
@@ -169,21 +178,30 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
 
     @v1.get("/models")
     async def models() -> s.ModelList:
-        return s.ModelList(data=[s.ModelCard(id=model, created=service.created)])
+        return s.ModelList(data=[s.ModelCard(id=name, created=service.created) for name in names])
 
-    async def generate(body, request: Request, tokens: list[int], max_tokens: int, prefix: str, chunks, whole):
-        """Submit, then stream chunks(...) or answer whole(id, created, result)."""
+    texts = s.TokenText(service.target.token_bytes)
+
+    async def generate(body, request: Request, tokens: list[int], max_tokens: int, logprobs: int | None,
+                       prefix: str, chunks, whole, usage_chunk):
+        """Submit the request's n choices, then stream chunks(handle, ident, created, model,
+        index, texts) of every choice (and usage_chunk(ident, created, results) when asked), or
+        answer whole(ident, created, results)."""
         speculation = body.engine_speculation(service.levels, config.served)
         creds = await bearer(request)
-        handle = await service.submit(_seq_request(body, tokens, max_tokens, speculation, memory_scope(body, creds)))
-        ident, created = f"{prefix}-{handle.id}", int(time.time())
+        handles = await _submit(service, _seq_request(body, tokens, max_tokens, speculation,
+                                                      memory_scope(body, creds), logprobs), body.n)
+        ident, created = f"{prefix}-{handles[0].id}", int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(handle, chunks(handle, ident, created, model, include_usage))
-        result = await _result_unless_disconnected(handle, request)
-        if result is None:
-            return Response(status_code=499)  # nobody is listening; the sequence is cancelled
-        return whole(ident, created, result)
+            streams = [chunks(h, ident, created, model, i, texts if logprobs is not None else None)
+                       for i, h in enumerate(handles)]
+            usage = functools.partial(usage_chunk, ident, created) if include_usage else None
+            return _sse(handles, _merged(streams, usage))
+        results = await _results_unless_disconnected(handles, request)
+        if results is None:
+            return Response(status_code=499)  # nobody is listening; the sequences are cancelled
+        return whole(ident, created, results)
 
     @v1.post("/completions", response_model=s.Completion,
              responses={200: {"content": {"text/event-stream": {}}, "description": "with stream: server-sent events"}})
@@ -196,29 +214,54 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
             tokens = body.prompt  # ids are checked with the rest of the prompt (engine.request.check_prompt)
         limit.check_tokens(tokens)
 
-        def whole(ident: str, created: int, r: GenerationResult) -> s.Completion:
-            return s.Completion(id=ident, created=created, model=model, usage=s.Usage.of(r),
-                                choices=[s.CompletionChoice(text=r.text, finish_reason=r.finish_reason)])
+        def whole(ident: str, created: int, results: list[GenerationResult]) -> s.Completion:
+            choices = [s.CompletionChoice(index=i, text=r.text, finish_reason=r.finish_reason,
+                                          logprobs=s.CompletionLogprobs.of(r.logprobs, texts) if r.logprobs is not None
+                                          else None) for i, r in enumerate(results)]
+            return s.Completion(id=ident, created=created, model=model, usage=s.Usage.of(results), choices=choices)
 
-        return await generate(body, request, tokens, body.max_tokens or config.max_tokens, "cmpl",
-                              _completion_chunks, whole)
+        def usage_chunk(ident: str, created: int, results: list[GenerationResult]) -> s.Completion:
+            return s.Completion(id=ident, created=created, model=model, choices=[], usage=s.Usage.of(results))
+
+        return await generate(body, request, tokens, body.max_tokens or config.max_tokens, body.logprobs, "cmpl",
+                              _completion_chunks, whole, usage_chunk)
 
     @v1.post("/chat/completions", response_model=s.ChatCompletion,
              responses={200: {"content": {"text/event-stream": {}}, "description": "with stream: server-sent events"}})
     async def chat_completions(body: s.ChatCompletionRequest, request: Request):
         check_request(body)
-        messages = [{"role": m.role, "content": m.text} for m in body.messages]
-        limit.check_text([m["content"] for m in messages])
-        tokens = await asyncio.to_thread(chat_prompt_tokens, service.target, messages)
+        if body.top_logprobs and not body.logprobs:  # 0 asks for nothing
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+        tool_use = _tool_use(body, service.target)
+        messages = [m.for_template() for m in body.messages]
+        tools = body.template_tools()
+        tools_text = [json.dumps(tools, ensure_ascii=False)] if tools else []
+        limit.check_text([m.text or "" for m in body.messages] + tools_text)
+        tokens = await asyncio.to_thread(chat_prompt_tokens, service.target, messages, tools,
+                                         body.chat_template_kwargs)
         limit.check_tokens(tokens)
 
-        def whole(ident: str, created: int, r: GenerationResult) -> s.ChatCompletion:
-            return s.ChatCompletion(id=ident, created=created, model=model, usage=s.Usage.of(r),
-                                    choices=[s.ChatChoice(message=s.AssistantMessage(content=r.text),
-                                                          finish_reason=r.finish_reason)])
+        def choice(i: int, r: GenerationResult) -> s.ChatChoice:
+            logprobs = s.ChatLogprobs.of(r.logprobs, texts) if r.logprobs is not None else None
+            message, finish = s.AssistantMessage(content=r.text), r.finish_reason
+            if tool_use is not None:
+                answer = parse_tool_calls(r.text, tool_use.functions)
+                if answer.calls:
+                    message = s.AssistantMessage(content=answer.content, tool_calls=tool_use.calls(answer.calls))
+                    finish = "tool_calls"
+            return s.ChatChoice(index=i, message=message, finish_reason=finish, logprobs=logprobs)
+
+        def whole(ident: str, created: int, results: list[GenerationResult]) -> s.ChatCompletion:
+            return s.ChatCompletion(id=ident, created=created, model=model, usage=s.Usage.of(results),
+                                    choices=[choice(i, r) for i, r in enumerate(results)])
+
+        def usage_chunk(ident: str, created: int, results: list[GenerationResult]) -> s.ChatCompletionChunk:
+            return s.ChatCompletionChunk(id=ident, created=created, model=model, choices=[], usage=s.Usage.of(results))
 
         max_tokens = body.max_completion_tokens or body.max_tokens or config.max_tokens
-        return await generate(body, request, tokens, max_tokens, "chatcmpl", _chat_chunks, whole)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        return await generate(body, request, tokens, max_tokens, logprobs, "chatcmpl",
+                              functools.partial(_chat_chunks, tool_use=tool_use), whole, usage_chunk)
 
     app.include_router(v1)
 
@@ -265,34 +308,85 @@ class PromptLimit:
             raise PromptTooLongError(f"the prompt has {len(tokens)} tokens; at most {self.tokens} are accepted")
 
 
-def _check_model(requested: str, served: str) -> None:
-    if requested != served:
-        raise APIError(404, f"the model `{requested}` does not exist: this server serves `{served}`",
+@dataclass(frozen=True)
+class ToolUse:
+    """A chat request's tools: the functions the model was told about, and whether it may
+    return several calls (parallel_tool_calls false: the first only)."""
+
+    functions: list[str]
+    parallel: bool
+
+    def calls(self, found: list[ToolCall]) -> list[s.ToolCall]:
+        kept = found if self.parallel else found[:1]
+        return [s.ToolCall(id=c.id, function=s.FunctionCall(name=c.name, arguments=c.arguments)) for c in kept]
+
+
+def _tool_use(body: s.ChatCompletionRequest, target) -> ToolUse | None:
+    """The request's tools, checked (a 400 naming the field), or None when it offers none."""
+    choice = body.tool_choice
+    if choice == "required" or isinstance(choice, s.NamedToolChoice):
+        raise APIError(400, "not supported by this server yet: tool_choice required or a named function (they "
+                            "need constrained decoding); use auto", param="tool_choice", code="unsupported_parameter")
+    names = [t.function.name for t in body.tools or ()]
+    if len(set(names)) != len(names):
+        raise APIError(400, "tools must have distinct function names", param="tools", code="invalid_value")
+    if not body.functions_offered:
+        return None
+    if not supports_tools(target):
+        raise APIError(400, f"the chat template of {target.name} does not support tools", param="tools",
+                       code="unsupported_value")
+    return ToolUse(body.functions_offered, body.parallel_tool_calls)
+
+
+def _check_model(requested: str, served: list[str]) -> None:
+    if requested not in served:
+        raise APIError(404, f"the model `{requested}` does not exist: this server serves "
+                            f"{', '.join(f'`{name}`' for name in served)}",
                        param="model", code="model_not_found")
 
 
 def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: list[int], max_tokens: int,
-                 speculation: Speculation | None, memory: MemoryScope) -> SeqRequest:
+                 speculation: Speculation | None, memory: MemoryScope, logprobs: int | None) -> SeqRequest:
     # Below 1e-5 the warped distribution is the argmax up to exact ties: such temperatures
     # are greedy (as in vLLM).
     temperature = body.temperature if body.temperature >= _MIN_TEMPERATURE else 0.0
-    params = SamplingParams(temperature=temperature, top_k=body.engine_top_k, top_p=body.top_p, seed=body.seed)
+    params = SamplingParams(temperature=temperature, top_k=body.engine_top_k, top_p=body.top_p, seed=body.seed,
+                            min_p=body.min_p, frequency_penalty=body.frequency_penalty,
+                            presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty,
+                            logit_bias=body.engine_logit_bias)
     return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list, speculation=speculation,
-                      memory=memory)
+                      memory=memory, logprobs=logprobs)
 
 
-async def _result_unless_disconnected(handle: Handle, request: Request) -> GenerationResult | None:
-    """The request's result, or None (and the sequence cancelled) if the client left first."""
-    result = asyncio.ensure_future(handle.result())
+async def _submit(service: Service, request: SeqRequest, n: int) -> list[Handle]:
+    """Admit the n choices of a request, each its own sequence and random stream (choice i);
+    if one is refused, those admitted are cancelled and the refusal raised."""
+    handles: list[Handle] = []
+    try:
+        for i in range(n):
+            handles.append(await service.submit(dataclasses.replace(request, choice=i)))
+    except BaseException:
+        for handle in handles:
+            handle.cancel()
+        raise
+    return handles
+
+
+async def _results_unless_disconnected(handles: list[Handle], request: Request) -> list[GenerationResult] | None:
+    """The choices' results, or None (and the sequences cancelled) if the client left first;
+    one choice's error cancels the others and is raised."""
+    results = asyncio.ensure_future(asyncio.gather(*(h.result() for h in handles)))
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({results, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
-        if not result.done():
-            result.cancel()
-            handle.cancel()
-    return result.result() if not result.cancelled() else None
+        if not results.done():
+            results.cancel()
+        if not results.done() or results.cancelled() or results.exception() is not None:
+            for handle in handles:
+                handle.cancel()  # idempotent: a finished one is left as it is
+    return results.result() if not results.cancelled() else None
 
 
 async def _disconnected(request: Request) -> None:
@@ -301,7 +395,44 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _sse(handle: Handle, chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
+_END = object()
+
+
+async def _merged(streams: list[AsyncIterator], usage=None) -> AsyncIterator[BaseModel]:
+    """The chunks of every choice's stream as they come (each stream yields its chunks, then
+    its GenerationResult), then usage(results) when given. One stream's error ends it all."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator) -> None:
+        try:
+            async for item in stream:
+                await queue.put(item)
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            await queue.put(exc)
+        await queue.put(_END)
+
+    tasks = [asyncio.ensure_future(pump(stream)) for stream in streams]
+    results: list[GenerationResult] = []
+    try:
+        ended = 0
+        while ended < len(tasks):
+            item = await queue.get()
+            if item is _END:
+                ended += 1
+            elif isinstance(item, Exception):
+                raise item
+            elif isinstance(item, GenerationResult):
+                results.append(item)
+            else:
+                yield item
+        if usage is not None:
+            yield usage(results)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _sse(handles: list[Handle], chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
     async def body() -> AsyncIterator[str]:
         try:
             async for chunk in chunks:
@@ -310,37 +441,59 @@ def _sse(handle: Handle, chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
             yield f"data: {_from_exception(exc).body.model_dump_json()}\n\n"
         yield "data: [DONE]\n\n"
 
-    async def cancel() -> None:  # async: it runs on the event loop, as everything else touching the handle
-        handle.cancel()
+    async def cancel() -> None:  # async: it runs on the event loop, as everything else touching the handles
+        for handle in handles:
+            handle.cancel()
 
     # The background task runs after the stream ends, also when the client disconnected.
     return StreamingResponse(body(), media_type="text/event-stream", background=BackgroundTask(cancel))
 
 
-async def _completion_chunks(handle: Handle, ident: str, created: int, model: str,
-                             include_usage: bool) -> AsyncIterator[s.Completion]:
-    def chunk(choices, usage=None):
-        return s.Completion(id=ident, created=created, model=model, choices=choices, usage=usage)
+async def _completion_chunks(handle: Handle, ident: str, created: int, model: str, index: int,
+                             texts: s.TokenText | None) -> AsyncIterator[s.Completion | GenerationResult]:
+    """Choice `index`'s chunks, then its result (for the usage chunk). texts: None when the
+    request asked for no logprobs."""
+    def chunk(choices):
+        return s.Completion(id=ident, created=created, model=model, choices=choices)
 
+    offset = 0  # the text offset of the next token (text_offset counts from the completion's start)
     async for item in handle.events():
-        if isinstance(item, str):
-            yield chunk([s.CompletionChoice(text=item, finish_reason=None)])
+        if isinstance(item, Delta):
+            logprobs = None
+            if texts is not None:
+                logprobs = s.CompletionLogprobs.of(item.logprobs, texts, offset)
+                offset += sum(len(t) for t in logprobs.tokens)
+            yield chunk([s.CompletionChoice(index=index, text=item.text, finish_reason=None, logprobs=logprobs)])
         else:
-            yield chunk([s.CompletionChoice(text="", finish_reason=item.finish_reason)])
-            if include_usage:
-                yield chunk([], s.Usage.of(item))
+            yield chunk([s.CompletionChoice(index=index, text="", finish_reason=item.finish_reason)])
+            yield item
 
 
-async def _chat_chunks(handle: Handle, ident: str, created: int, model: str,
-                       include_usage: bool) -> AsyncIterator[s.ChatCompletionChunk]:
-    def chunk(choices, usage=None):
-        return s.ChatCompletionChunk(id=ident, created=created, model=model, choices=choices, usage=usage)
+async def _chat_chunks(handle: Handle, ident: str, created: int, model: str, index: int, texts: s.TokenText | None,
+                       tool_use: ToolUse | None = None) -> AsyncIterator[s.ChatCompletionChunk | GenerationResult]:
+    """Choice `index`'s chunks, then its result (for the usage chunk). texts: None when the
+    request asked for no logprobs. With tools, text is passed on until a tool call may start
+    (ToolCallStream); the calls come in one chunk at the end."""
+    def chunk(choices):
+        return s.ChatCompletionChunk(id=ident, created=created, model=model, choices=choices)
 
-    yield chunk([s.ChatChunkChoice(delta=s.ChatDelta(role="assistant", content=""))])
+    calls = ToolCallStream(tool_use.functions) if tool_use is not None else None
+    yield chunk([s.ChatChunkChoice(index=index, delta=s.ChatDelta(role="assistant", content=""))])
     async for item in handle.events():
-        if isinstance(item, str):
-            yield chunk([s.ChatChunkChoice(delta=s.ChatDelta(content=item))])
+        if isinstance(item, Delta):
+            logprobs = s.ChatLogprobs.of(item.logprobs, texts) if texts is not None else None
+            text = calls.feed(item.text) if calls is not None else item.text
+            if text or logprobs is not None:
+                yield chunk([s.ChatChunkChoice(index=index, delta=s.ChatDelta(content=text), logprobs=logprobs)])
         else:
-            yield chunk([s.ChatChunkChoice(delta=s.ChatDelta(), finish_reason=item.finish_reason)])
-            if include_usage:
-                yield chunk([], s.Usage.of(item))
+            finish = item.finish_reason
+            if calls is not None:
+                answer = calls.finish()
+                tool_calls = [s.ToolCallDelta(index=i, **c.model_dump()) for i, c in
+                              enumerate(tool_use.calls(answer.calls))] or None
+                if answer.content or tool_calls:
+                    yield chunk([s.ChatChunkChoice(index=index, delta=s.ChatDelta(content=answer.content,
+                                                                                 tool_calls=tool_calls))])
+                finish = "tool_calls" if tool_calls else finish
+            yield chunk([s.ChatChunkChoice(index=index, delta=s.ChatDelta(), finish_reason=finish)])
+            yield item

@@ -66,6 +66,9 @@ class ServeConfig(BaseModel):
                                "texts of requests with the same API key (per-key), of all (shared), or none (off)")
     exact: bool = Field(False, description="exact kernels for llama.cpp models: greedy output of every chain equals "
                                            "the target alone's bit for bit (docs/bit-exact.md)")
+    served_model_name: list[str] | None = Field(None, min_length=1, description="names a request's `model` may use "
+                                                                               "for the target; responses report the "
+                                                                               "first (default: the target's name)")
     memory_tokens: int = Field(DEFAULT_BUDGET, description="tokens the memory keeps (~24-32 bytes each, allocated "
                                                            "at start); the oldest are evicted")
 

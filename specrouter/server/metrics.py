@@ -1,7 +1,9 @@
 """Prometheus metrics of one server, named like vLLM's where the meaning matches.
 
-Each Metrics has its own registry, so several servers (tests) in one process never share
-counters. Counters are exposed with prometheus_client's `_total` suffix, as vLLM's are
+Speculation counters move cycle by cycle (the worker adds BatchScheduler.take_spec_counts
+after every step), so a long request's drafting shows while it runs; request counters move
+when a request ends. Each Metrics has its own registry, so several servers (tests) in one
+process never share counters. Counters are exposed with prometheus_client's `_total` suffix, as vLLM's are
 (e.g. specrouter:spec_decode_num_draft_tokens_total{level="qwen2.5-coder-0.5b"}).
 """
 
@@ -11,6 +13,7 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from specrouter.cascade.chain import LevelStats
 from specrouter.engine.batch import KvUse
 from specrouter.engine.request import GenerationResult
 
@@ -44,10 +47,16 @@ class Metrics:
         self.success = Counter(p + "request_success", "Finished requests.", ["finished_reason"], registry=reg)
         self.failure = Counter(p + "request_failure", "Requests that did not finish (queue_full, invalid, "
                                "cancelled, timeout, error, stopped).", ["reason"], registry=reg)
+        # Speculation, counted cycle by cycle while requests run (vLLM's names; per level).
+        self.drafts = Counter(p + "spec_decode_num_drafts", "Blocks a level proposed to the level above it.",
+                              ["level"], registry=reg)
         self.draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Tokens a level proposed to the level "
                                     "above it.", ["level"], registry=reg)
         self.accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens", "Proposed tokens the level above "
                                        "accepted.", ["level"], registry=reg)
+        self.accepted_per_position = Counter(p + "spec_decode_num_accepted_tokens_per_pos", "Blocks whose token "
+                                             "at this position (0 first) and all before it were accepted.",
+                                             ["level", "position"], registry=reg)
         self.forwards = Counter(p + "spec_decode_num_forwards", "Model calls per level (0 for ngram).", ["level"],
                                 registry=reg)
         self.kv_sequences = Gauge(p + "kv_sequences", "Sequences holding KV cells in a model now.", ["model"],
@@ -68,15 +77,23 @@ class Metrics:
             self.kv_tokens.labels(name).set(u.tokens)
         self._kv_models |= use.keys()
 
+    def spec(self, counts: Mapping[str, LevelStats]) -> None:
+        """What the levels did since the last call (BatchScheduler.take_spec_counts)."""
+        for s in counts.values():
+            if s.forwards:
+                self.forwards.labels(s.name).inc(s.forwards)
+            if s.drafts:  # a level that proposed (the target never does)
+                self.drafts.labels(s.name).inc(s.drafts)
+                self.draft_tokens.labels(s.name).inc(s.proposed)
+                self.accepted_tokens.labels(s.name).inc(s.accepted)
+                for j, n in enumerate(s.accepted_per_position):
+                    if n:
+                        self.accepted_per_position.labels(s.name, str(j)).inc(n)
+
     def finished(self, result: GenerationResult) -> None:
         self.success.labels(result.finish_reason).inc()
         self.prompt_tokens.inc(result.prompt_tokens)
         self.generation_tokens.inc(len(result.token_ids))
-        for s in result.levels:
-            self.forwards.labels(s.name).inc(s.forwards)
-            if s is not result.levels[-1]:  # the target proposes nothing
-                self.draft_tokens.labels(s.name).inc(s.proposed)
-                self.accepted_tokens.labels(s.name).inc(s.accepted)
         for i, (names, _) in enumerate(result.chains_used):
             self.chain_cycles.labels(",".join(names)).inc(result.chains_per_cycle.count(i))
 

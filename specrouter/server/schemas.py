@@ -1,32 +1,44 @@
-"""Request and response bodies of the HTTP API: OpenAI's shapes plus one extension.
+"""Request and response bodies of the HTTP API: OpenAI's shapes plus a few extensions.
 
 The extensions are `speculation` on a request ("auto", "off", or a fixed chain with draft
 lengths), `suffix_memory` on a request (false: opt out of the cross-request memory), `exact`
-on a request (true: refused unless the server runs exact kernels, `serve --exact`), and
-`usage.speculation` on a response (what that request's chain did).
+on a request (true: refused unless the server runs exact kernels, `serve --exact`), vLLM's
+`top_k`, `min_p`, `repetition_penalty` and `chat_template_kwargs`, and `usage.speculation`
+on a response (what the request's chains did).
 
 Nothing is silently ignored: a field of OpenAI's API that the engine does not implement yet
-(logprobs, n > 1, penalties, tools, response_format...) is accepted only at its neutral
-value, the one that asks for nothing (`Unsupported`: penalties 0, n 1, tools [], ...), and
-any other value is a 400 naming the field with code `unsupported_parameter`; a field that is
-in neither OpenAI's API nor the extensions is the same 400 (extra="forbid"). Fields that
-change no output (`user`, `metadata`, `prompt_cache_key`, `safety_identifier`) are accepted.
+(response_format, echo, best_of, suffix, ...) is accepted only at its neutral value, the one
+that asks for nothing (`Unsupported`: response_format text, echo false, ...), and any other
+value is a 400 naming the field with code `unsupported_parameter` (so is tool_choice
+"required" or a named function, app.py); a field that is in neither OpenAI's API nor the
+extensions is the same 400 (extra="forbid"). Fields that change no output (`user`,
+`metadata`, `prompt_cache_key`, `safety_identifier`) are accepted.
 """
-
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
+from specrouter.cascade.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, finite
+from specrouter.cascade.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
+from specrouter.cascade.chain import LevelStats
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
 
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+#: The most choices (n) one request may ask for.
+MAX_CHOICES = 16
+Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY, allow_inf_nan=False)]
+#: logit_bias: token ids (as strings, OpenAI's keys) -> a bias in [-100, 100]; at most 1,024.
+LogitBias = Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")],
+                           Annotated[float, Field(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS, allow_inf_nan=False)]],
+                      Field(max_length=1024)]
 
 
 def _encodable(text: object) -> object:
@@ -73,19 +85,10 @@ def _same(value: Any, neutral: Any) -> bool:
 
 
 # OpenAI's fields that are not implemented yet (see the module docstring).
-NotN = Unsupported(1, what="n > 1 (several choices)")
-NoPenalty = Unsupported(0, what="frequency_penalty and presence_penalty other than 0")
-NoLogitBias = Unsupported({}, what="logit_bias")
-NoCompletionLogprobs = Unsupported(what="logprobs")
 NoEcho = Unsupported(False, what="echo")
 NoBestOf = Unsupported(1, what="best_of > 1")
 NoSuffix = Unsupported("", what="suffix")
-NoChatLogprobs = Unsupported(False, what="logprobs")
-NoTopLogprobs = Unsupported(0, what="top_logprobs")
 TextFormat = Unsupported({"type": "text"}, what="response_format other than text")
-NoTools = Unsupported([], what="tools")
-NoToolChoice = Unsupported("none", "auto", what="tool_choice other than none or auto (without tools)")
-ParallelToolCalls = Unsupported(True, False, what="parallel_tool_calls")
 NoFunctions = Unsupported([], what="functions")
 NoFunctionCall = Unsupported("none", "auto", what="function_call")
 NoStore = Unsupported(False, what="store")
@@ -125,10 +128,13 @@ class _Sampling(BaseModel):
     top_k: int = Field(0, ge=-1, description="0 or -1 disables (extension, as in vLLM)")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: StopString | StopList | None = None
-    n: NotN = None
-    frequency_penalty: NoPenalty = None
-    presence_penalty: NoPenalty = None
-    logit_bias: NoLogitBias = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, each its own sequence (and random stream)")
+    frequency_penalty: Penalty = 0.0
+    presence_penalty: Penalty = 0.0
+    repetition_penalty: float = Field(1.0, gt=0, le=1e3, allow_inf_nan=False,
+                                      description="1 disables (extension, as in vLLM)")
+    min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="0 disables (extension, as in vLLM)")
+    logit_bias: LogitBias | None = None
     # Change no output: accepted as they are.
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -142,6 +148,11 @@ class _Sampling(BaseModel):
     exact: StrictBool | None = Field(None, description="true: greedy output bit-identical to the target alone's, "
                                                        "which needs a server started with --exact; false: refused "
                                                        "by such a server (extension)")
+
+    @property
+    def engine_logit_bias(self) -> tuple[tuple[int, float], ...]:
+        """logit_bias as the engine takes it: (token id, bias) pairs, by id."""
+        return tuple(sorted((int(k), float(v)) for k, v in (self.logit_bias or {}).items()))
 
     @property
     def engine_top_k(self) -> int:
@@ -164,9 +175,14 @@ class _Sampling(BaseModel):
         return Speculation.fixed(field.chain, field.draft_lengths, levels, target)
 
 
+#: Alternatives per token a request may ask for (logprobs, top_logprobs).
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)]
+
+
 class CompletionRequest(_Sampling):
     prompt: Text | list[Annotated[int, Field(ge=0)]] = Field(description="text, or token ids")
-    logprobs: NoCompletionLogprobs = None
+    logprobs: TopLogprobs | None = Field(None, description="each token's log-probability with this many "
+                                                             "alternatives (null: none)")
     echo: NoEcho = None
     best_of: NoBestOf = None
     suffix: NoSuffix = None
@@ -178,25 +194,120 @@ class TextPart(BaseModel):
     text: Text
 
 
-class ChatMessage(BaseModel):
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class FunctionDefinition(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
+    name: FunctionName
+    description: Text | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments")
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: FunctionName
+    arguments: Text = Field(description="a JSON object, as a string")
 
     @property
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+    def parsed_arguments(self) -> dict:
+        """The arguments as the chat template takes them (an object); a 400 unless a JSON object."""
+        try:
+            value = json.loads(self.arguments)
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError(f"the arguments of a call of {self.name} are not a JSON object")
+        return value
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant's calls")
+    tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
+
+    @model_validator(mode="after")
+    def _check(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (only an assistant message with tool_calls may omit it)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message has tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        for call in self.tool_calls or ():
+            call.function.parsed_arguments  # noqa: B018 - checked now, a 400 naming messages
+        return self
+
+    @property
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates take it (HF's shape: a call's arguments as an object)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": c.function.parsed_arguments}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="newer name of max_tokens")
-    logprobs: NoChatLogprobs = None
-    top_logprobs: NoTopLogprobs = None
+    logprobs: StrictBool = Field(False, description="each token's log-probability")
+    top_logprobs: TopLogprobs | None = Field(None, description="alternatives per token (needs logprobs)")
     response_format: TextFormat = None
-    tools: NoTools = None
-    tool_choice: NoToolChoice = None
-    parallel_tool_calls: ParallelToolCalls = None
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="none or auto (the default with tools); required and a named function are not supported "
+                          "yet (they need constrained decoding)")
+    parallel_tool_calls: StrictBool = Field(True, description="false: at most the first call is returned")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra variables for the chat template "
+                                                                          "(extension, as in vLLM)")
+
+    @property
+    def functions_offered(self) -> list[str]:
+        """The functions the model is told about (none with tool_choice none)."""
+        if self.tool_choice == "none":
+            return []
+        return [t.function.name for t in self.tools or ()]
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools as chat templates take them (None: no tools to render)."""
+        if not self.functions_offered:
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools or ()]
     functions: NoFunctions = None
     function_call: NoFunctionCall = None
     store: NoStore = None
@@ -242,30 +353,103 @@ class Usage(BaseModel):
     speculation: SpeculationUsage
 
     @classmethod
-    def of(cls, r: GenerationResult) -> Usage:
-        cycles = [r.chains_per_cycle.count(i) for i in range(len(r.chains_used))]
+    def of(cls, results: GenerationResult | Sequence[GenerationResult]) -> Usage:
+        """A request's usage over its choices (n): the prompt once, every choice's tokens, and
+        the speculation of all of them together (chain: the one that ran the most cycles)."""
+        results = [results] if isinstance(results, GenerationResult) else list(results)
+        chains: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
+        levels: dict[str, LevelStats] = {}
+        for r in results:
+            for i, (c, k) in enumerate(r.chains_used):
+                key = (tuple(c), tuple(k))
+                chains[key] = chains.get(key, 0) + r.chains_per_cycle.count(i)
+            for stats in r.levels:
+                levels.setdefault(stats.name, LevelStats(stats.name)).add(stats)
+        target = results[0].levels[-1].name if results[0].levels else None
+        ordered = [s for s in levels.values() if s.name != target] + [levels[target]] * (target in levels)
+        top = max(chains, key=chains.get) if chains else (tuple(results[0].chain), tuple(results[0].draft_lengths))
+        tokens, cycles = sum(len(r.token_ids) for r in results), sum(r.cycles for r in results)
         spec = SpeculationUsage(
-            chain=r.chain,
-            draft_lengths=r.draft_lengths,
-            chains_used=[ChainUsage(chain=c, draft_lengths=k, cycles=n) for (c, k), n in zip(r.chains_used, cycles)],
+            chain=list(top[0]),
+            draft_lengths=list(top[1]),
+            chains_used=[ChainUsage(chain=list(c), draft_lengths=list(k), cycles=n) for (c, k), n in chains.items()],
             levels=[LevelUsage(name=s.name, proposed=s.proposed, accepted=s.accepted, acceptance=s.acceptance,
-                               forwards=s.forwards) for s in r.levels],
-            cycles=r.cycles,
-            mean_tokens_per_cycle=len(r.token_ids) / r.cycles if r.cycles else 0.0,
+                               forwards=s.forwards) for s in ordered],
+            cycles=cycles,
+            mean_tokens_per_cycle=tokens / cycles if cycles else 0.0,
         )
-        n = len(r.token_ids)
-        return cls(prompt_tokens=r.prompt_tokens, completion_tokens=n, total_tokens=r.prompt_tokens + n,
-                   speculation=spec)
+        prompt = results[0].prompt_tokens
+        return cls(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens, speculation=spec)
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+class TokenText:
+    """A token's text for logprobs: its bytes decoded (a token that is part of a UTF-8
+    character shows U+FFFD; `bytes` has the exact bytes), and a finite log-probability."""
+
+    def __init__(self, token_bytes) -> None:
+        self.token_bytes = token_bytes
+
+    def text(self, token: int) -> str:
+        return self.token_bytes(token).decode("utf-8", errors="replace")
+
+    logprob = staticmethod(finite)
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """A chat choice's (or chunk's) logprobs, OpenAI's shape."""
+
+    content: list[ChatTokenLogprob] | None
+
+    @classmethod
+    def of(cls, entries: Sequence[TokenLogprob], texts: TokenText) -> ChatLogprobs:
+        def top(token: int, logprob: float) -> TopLogprob:
+            raw = texts.token_bytes(token)
+            return TopLogprob(token=texts.text(token), logprob=texts.logprob(logprob), bytes=list(raw))
+
+        return cls(content=[ChatTokenLogprob(**top(e.token, e.logprob).model_dump(),
+                                             top_logprobs=[top(t, lp) for t, lp in e.top]) for e in entries])
+
+
+class CompletionLogprobs(BaseModel):
+    """A completion choice's (or chunk's) logprobs, the legacy shape: per token its text, its
+    log-probability, its alternatives with the token itself (OpenAI: up to logprobs + 1), and
+    the offset of its text in the completion's (by the lengths of the token texts before it)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+    @classmethod
+    def of(cls, entries: Sequence[TokenLogprob], texts: TokenText, offset: int = 0) -> CompletionLogprobs:
+        """`offset`: the text offset of the first entry (a stream's chunks go on from the last)."""
+        tokens = [texts.text(e.token) for e in entries]
+        offsets = []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        tops = [{texts.text(t): texts.logprob(lp) for t, lp in (*e.top, (e.token, e.logprob))} for e in entries]
+        return cls(tokens=tokens, token_logprobs=[texts.logprob(e.logprob) for e in entries], top_logprobs=tops,
+                   text_offset=offsets)
 
 
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):
@@ -279,14 +463,15 @@ class Completion(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -298,16 +483,23 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class ToolCallDelta(ToolCall):
+    """A streamed call: OpenAI's delta shape (an index; here the whole call in one chunk)."""
+
+    index: int
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

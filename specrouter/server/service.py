@@ -152,6 +152,7 @@ class Service:
             self.metrics.running.set(sched.n_active)
             self.metrics.waiting.set(sched.n_waiting)
             self.metrics.kv(sched.kv_use())
+            self.metrics.spec(sched.take_spec_counts())  # what cancelled requests ran
 
     def _apply(self, op: tuple, stopping: bool) -> None:
         if op[0] == "end_all":
@@ -189,6 +190,7 @@ class Service:
             self.scheduler.close()
         ended = sum(not isinstance(e, Delta) for e in events)
         self.metrics.batch_size.observe(self.scheduler.n_active + ended)
+        self.metrics.spec(self.scheduler.take_spec_counts())  # before a client can see its request end
         deliveries = []
         for event in events:
             handle = self._handles.get(event.request_id)
@@ -247,8 +249,9 @@ class Handle:
         self.deadline = self.arrival + timeout if timeout else None
         self.done = False
 
-    async def events(self) -> AsyncIterator[str | GenerationResult]:
-        """Text deltas, then the GenerationResult; raises the request's error or RequestTimeoutError."""
+    async def events(self) -> AsyncIterator[Delta | GenerationResult]:
+        """Deltas (text, with its tokens' logprobs when asked for), then the GenerationResult;
+        raises the request's error or RequestTimeoutError."""
         metrics, loop = self.service.metrics, asyncio.get_running_loop()
         last = None
         while True:
@@ -268,7 +271,7 @@ class Handle:
                     for _ in range(event.tokens):
                         metrics.itl.observe((now - last) / event.tokens)
                 last = now
-                yield event.text
+                yield event
             elif isinstance(event, Finished):
                 self.done = True
                 metrics.e2e.observe(now - self.arrival)

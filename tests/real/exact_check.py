@@ -7,7 +7,9 @@ Prints one JSON object:
   decoding of the same tokens (expected: none), and whether a sequence decoded in one
   forward with another got the rows it gets alone;
 - "greedy": per chain, the prompts whose greedy ids differ from the target alone's
-  (expected: none, with no near-tie escape).
+  (expected: none, with no near-tie escape);
+- "logprobs": per chain, the prompts whose logprobs (each token's and its 5 alternatives')
+  differ from the target alone's in any bit (expected: none).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from specrouter.router import auto_router
 SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 BLOCK = 24
 TOKENS = 48
+LOGPROBS = 5  # alternatives per token
 CHAINS = {
     "0.5b->1.5b": ([SMALL, TARGET], [4]),
     "ngram->1.5b": (["ngram", TARGET], [4]),
@@ -77,18 +80,21 @@ def main() -> None:
 
     prompts = benchmark_prompts(target, 4)
     alone = pool.chain([TARGET])
-    references = {pid: generate(alone, toks, SamplingParams(), TOKENS).token_ids for pid, toks in prompts}
-    greedy = {}
+    references = {pid: generate(alone, toks, SamplingParams(), TOKENS, logprobs=LOGPROBS) for pid, toks in prompts}
+    greedy, logprobs = {}, {}
+
+    def compare(name: str, source) -> None:
+        results = {pid: generate(source, toks, SamplingParams(), TOKENS, logprobs=LOGPROBS) for pid, toks in prompts}
+        greedy[name] = [pid for pid, r in results.items() if r.token_ids != references[pid].token_ids]
+        logprobs[name] = [pid for pid, r in results.items() if r.logprobs != references[pid].logprobs]
+
     for name, (specs, lengths) in CHAINS.items():
-        chain = pool.chain(specs, lengths)
-        greedy[name] = [pid for pid, toks in prompts
-                        if generate(chain, toks, SamplingParams(), TOKENS).token_ids != references[pid]]
-    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
-                         lookup="suffix", memory=SuffixMemory())
-    greedy["auto"] = [pid for pid, toks in prompts
-                      if generate(router, toks, SamplingParams(), TOKENS).token_ids != references[pid]]
+        compare(name, pool.chain(specs, lengths))
+    compare("auto", auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
+                                lookup="suffix", memory=SuffixMemory()))
     pool.close()
-    json.dump({"blocks": blocks, "greedy": greedy, "prompts": [pid for pid, _ in prompts]}, sys.stdout)
+    json.dump({"blocks": blocks, "greedy": greedy, "logprobs": logprobs, "prompts": [pid for pid, _ in prompts]},
+              sys.stdout)
 
 
 if __name__ == "__main__":

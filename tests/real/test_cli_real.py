@@ -22,7 +22,7 @@ def run(*args, env=None):
 
 def test_json_output_has_the_documented_fields(pool):
     proc = run("generate", "--prompt", "def add(a, b):", "--chain", f"ngram,{SMALL},{TARGET}",
-               "--draft-lengths", "3,4", "--max-tokens", "24", "--json")
+               "--draft-lengths", "3,4", "--max-tokens", "24", "--json", "--logprobs", "2")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     for key in ("text", "token_ids", "chain", "levels", "cycles", "wall_seconds", "tokens_per_second"):
@@ -31,6 +31,9 @@ def test_json_output_has_the_documented_fields(pool):
     assert len(out["token_ids"]) == 24 or out["finish_reason"] == "stop"
     assert [lv["name"] for lv in out["levels"]] == out["chain"]
     assert all(0 <= lv["accepted"] <= lv["proposed"] for lv in out["levels"][:-1])
+    assert [e["token"] for e in out["logprobs"]] == out["token_ids"]
+    assert all(len(e["top"]) == 2 and e["top"][0][1] >= e["top"][1][1] >= -9999.0 and e["logprob"] <= 0
+               for e in out["logprobs"])
 
 
 def test_streaming_prints_text_then_statistics(pool):

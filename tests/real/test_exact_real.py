@@ -1,6 +1,7 @@
 """Exact mode on the real pool: block logits bitwise equal to one-token decoding, and greedy
 ids of every chain of the default pool and of auto equal to the target alone's, with no
-near-tie escape (exact_check.py, in a process of its own)."""
+near-tie escape, and so are their logprobs, bit for bit (exact_check.py, in a process of its
+own)."""
 
 import json
 import subprocess
@@ -33,9 +34,9 @@ def test_blocks_of_1_to_24_tokens_equal_one_token_decoding_bitwise(exact_results
 
 def test_every_chain_and_auto_match_the_target_alone_exactly(exact_results):
     assert len(exact_results["prompts"]) == 8
-    assert exact_results["greedy"] == {name: [] for name in
-                                       ["0.5b->1.5b", "ngram->1.5b", "suffix->1.5b", "ngram->0.5b->1.5b",
-                                        "suffix->0.5b->1.5b", "auto"]}
+    names = ["0.5b->1.5b", "ngram->1.5b", "suffix->1.5b", "ngram->0.5b->1.5b", "suffix->0.5b->1.5b", "auto"]
+    assert exact_results["greedy"] == {name: [] for name in names}
+    assert exact_results["logprobs"] == {name: [] for name in names}  # bit for bit, with 5 alternatives
 
 
 def test_exact_mode_after_a_forward_in_the_process_is_refused(pool):

@@ -1,6 +1,7 @@
 """`specrouter serve` on the real default pool: a subprocess on a loopback port, driven by
 the openai client, stopped with SIGINT."""
 
+import json
 import signal
 import socket
 import subprocess
@@ -76,9 +77,30 @@ def test_streamed_chat_with_routing_and_a_fixed_chain(server):
     assert f'specrouter:spec_decode_num_draft_tokens_total{{level="{SMALL}"}}' in metrics
 
 
+def test_a_tool_call_round_trip_on_the_target(server):
+    """The 1.5B, told about a function through its template, calls it (it writes the call in
+    a fenced JSON block, which the parser accepts as llama.cpp's does); the tool's answer
+    sent back in a tool message is rendered and answered."""
+    client = server[2]
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    messages = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    r = client.chat.completions.create(model=TARGET, messages=messages, tools=tools, temperature=0, max_tokens=64)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 18, "sky": "cloudy"}'}]
+    again = client.chat.completions.create(model=TARGET, messages=messages, tools=tools, temperature=0, max_tokens=48)
+    assert again.choices[0].message.content or again.choices[0].message.tool_calls
+
+
 def test_sigint_shuts_down_cleanly(server):
     _, proc, _ = server
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 0
     output = proc.stdout.read()
     assert "Traceback" not in output and "Application shutdown complete" in output
+

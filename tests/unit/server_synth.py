@@ -93,7 +93,7 @@ def running_server(service: Service, graceful: float = 5.0, drain: float = 5.0,
     """Start the server as `specrouter serve` runs it (DrainingServer: `drain` seconds for
     requests in flight on shutdown, then `graceful` for the last responses) on 127.0.0.1 (a
     free port) in a thread; yields (base url, server)."""
-    app = create_app(service, ServeConfig(models=MODELS, **config))
+    app = create_app(service, ServeConfig(**{"models": MODELS, **config}))
     server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
                                            timeout_graceful_shutdown=graceful), service, drain)
     thread = threading.Thread(target=server.run, daemon=True)

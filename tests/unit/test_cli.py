@@ -19,6 +19,10 @@ from specrouter.cli import main
         (["--prompt", "x", "--chain", "a,,b"], "--chain must be a comma-separated list"),
         (["--prompt", "x", "--draft-lengths", "2,x"], "--draft-lengths must be comma-separated integers"),
         (["--prompt", "x", "--chat", "y"], "give exactly one of --prompt TEXT or --chat TEXT"),
+        (["--prompt", "x", "--presence-penalty", "3"], "presence_penalty must be in [-2.0, 2.0], got 3.0"),
+        (["--prompt", "x", "--logprobs", "2"], "--logprobs is reported in the --json output: add --json"),
+        (["--prompt", "x", "--logprobs", "21", "--json"], "logprobs must be an integer in 0..20 (alternatives per "
+                                                          "token), got 21"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):

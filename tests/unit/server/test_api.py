@@ -126,6 +126,11 @@ def test_metrics_count_requests_tokens_and_speculation(server, client):
     assert grew("specrouter:generation_tokens_total") == 25 and grew("specrouter:prompt_tokens_total") == 5
     assert grew("specrouter:spec_decode_num_draft_tokens_total", level="small") == small["proposed"] > 0
     assert grew("specrouter:spec_decode_num_accepted_tokens_total", level="small") == small["accepted"]
+    per_position = [grew("specrouter:spec_decode_num_accepted_tokens_per_pos_total", level="small", position=str(j))
+                    for j in range(3)]
+    assert sum(per_position) == small["accepted"] and per_position[0] >= per_position[1] and per_position[2] == 0
+    assert 0 < grew("specrouter:spec_decode_num_drafts_total", level="small") <= r.usage.speculation["cycles"]
+    assert grew("specrouter:spec_decode_num_forwards_total", level="small") == small["forwards"]
     assert grew("specrouter:spec_decode_chain_cycles_total", chain=f"small,{MODEL}") == r.usage.speculation["cycles"]
     assert grew("specrouter:time_to_first_token_seconds_count") == 1
     assert grew("specrouter:e2e_request_latency_seconds_count") == 1
@@ -147,7 +152,7 @@ def error_of(response: httpx.Response, status: int) -> dict:
     ({"model": MODEL, "prompt": "a", "temperature": -1}, "temperature", "greater_than_equal"),
     ({"model": MODEL, "prompt": "a", "top_p": 0}, "top_p", "greater_than"),
     ({"model": MODEL, "prompt": "a", "max_tokens": 0}, "max_tokens", "greater_than_equal"),
-    ({"model": MODEL, "prompt": "a", "n": 2}, "n", "unsupported_parameter"),
+    ({"model": MODEL, "prompt": "a", "n": 17}, "n", "less_than_equal"),
     ({"model": MODEL, "prompt": "a", "stop": ""}, "stop", "string_too_short"),
     ({"model": MODEL, "prompt": "a", "speculation": "fast"}, "speculation", "literal_error"),
     ({"model": MODEL, "prompt": [99]}, "prompt", "invalid_token_id"),
@@ -195,3 +200,32 @@ def test_no_sequence_is_left_behind(server):
 def test_a_vanishing_temperature_is_greedy(client):
     r = client.completions.create(model=MODEL, prompt="tiny", max_tokens=20, temperature=1e-300)
     assert r.choices[0].text == reference_text("tiny", 20)
+
+
+def test_served_model_names_are_the_targets_and_responses_report_the_first():
+    service, _ = build_service()
+    with running_server(service, served_model_name=["gpt-x", "alias"]) as (url, _):
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["gpt-x", "alias"]
+        r = httpx.post(url + "/v1/completions", json={"model": "alias", "prompt": "abc", "max_tokens": 4,
+                                                      "temperature": 0}).json()
+        assert r["model"] == "gpt-x" and r["choices"][0]["text"] == reference_text("abc", 4)
+        err = error_of(httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "a"}), 404)
+        assert err["message"] == f"the model `{MODEL}` does not exist: this server serves `gpt-x`, `alias`"
+
+
+def test_speculation_counters_move_while_a_request_runs():
+    """Live metrics (openai-complete): the draft counters grow cycle by cycle, not when a
+    request ends; here read while a long stream is still running."""
+    service, _ = build_service(sleep=True)
+    with running_server(service) as (url, _):
+        body = {"model": MODEL, "prompt": "abc", "max_tokens": 400, "temperature": 0, "stream": True,
+                "speculation": {"chain": ["small", MODEL], "draft_lengths": [3]}}
+        key = ("specrouter:spec_decode_num_draft_tokens_total", (("level", "small"),))
+        seen = []
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            for i, line in enumerate(r.iter_lines()):
+                if i in (10, 40):  # two reads mid-stream
+                    samples = metric_samples(url)
+                    seen.append(samples.get(key, 0))
+                    assert samples.get(("specrouter:request_success_total", (("finished_reason", "length"),)), 0) == 0
+        assert 0 < seen[0] < seen[1]

@@ -20,25 +20,18 @@ def url():
 
 
 @pytest.mark.parametrize(("path", "body", "field"), [
-    ("/v1/chat/completions", {**CHAT, "n": 2}, "n"),
-    ("/v1/chat/completions", {**CHAT, "logprobs": True}, "logprobs"),
-    ("/v1/chat/completions", {**CHAT, "top_logprobs": 3}, "top_logprobs"),
-    ("/v1/chat/completions", {**CHAT, "presence_penalty": 0.5}, "presence_penalty"),
-    ("/v1/chat/completions", {**CHAT, "frequency_penalty": -1}, "frequency_penalty"),
-    ("/v1/chat/completions", {**CHAT, "logit_bias": {"5": 10}}, "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
     ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "store": True}, "store"),
     ("/v1/chat/completions", {**CHAT, "audio": {"voice": "alloy"}}, "audio"),
     ("/v1/chat/completions", {**CHAT, "reasoning_effort": "low"}, "reasoning_effort"),
-    ("/v1/chat/completions", {**CHAT, "repetition_penalty": 1.1}, "repetition_penalty"),  # nobody's field here
+    ("/v1/chat/completions", {**CHAT, "typical_p": 0.9}, "typical_p"),  # nobody's field here
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "abc", "name": "bob"}]}, "messages"),
-    ("/v1/completions", {**COMPLETION, "logprobs": 0}, "logprobs"),
     ("/v1/completions", {**COMPLETION, "echo": True}, "echo"),
     ("/v1/completions", {**COMPLETION, "best_of": 2}, "best_of"),
     ("/v1/completions", {**COMPLETION, "suffix": "xyz"}, "suffix"),
-    ("/v1/completions", {**COMPLETION, "min_p": 0.1}, "min_p"),
+    ("/v1/completions", {**COMPLETION, "mirostat": 2}, "mirostat"),
 ])
 def test_a_field_the_server_does_not_implement_is_a_400_naming_it(url, path, body, field):
     r = httpx.post(url + path, json=body)
@@ -64,13 +57,16 @@ def test_neutral_values_and_fields_that_change_no_output_are_accepted(url):
 def test_the_official_client_gets_a_bad_request_error_for_an_unsupported_field(url):
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     with pytest.raises(openai.BadRequestError, match="unsupported_parameter|not supported"):
-        client.chat.completions.create(**CHAT, logprobs=True)
+        client.chat.completions.create(**CHAT, tool_choice="required",
+                                       tools=[{"type": "function", "function": {"name": "f"}}])
     answer = client.chat.completions.create(**CHAT, n=1, presence_penalty=0)  # what many clients send
     assert answer.choices[0].message.content == reference_text(messages=CHAT["messages"], max_tokens=4)
 
 
 def test_top_k_minus_one_is_off(url):
-    body = {**COMPLETION, "temperature": 0.9, "seed": 7, "max_tokens": 12}
+    # One chain for both (a seed fixes the draws of one chain; auto's choice depends on what
+    # the router learnt from the requests before).
+    body = {**COMPLETION, "temperature": 0.9, "seed": 7, "max_tokens": 12, "speculation": "off"}
     off = httpx.post(url + "/v1/completions", json={**body, "top_k": 0}).json()["choices"][0]["text"]
     minus_one = httpx.post(url + "/v1/completions", json={**body, "top_k": -1})
     assert minus_one.status_code == 200 and minus_one.json()["choices"][0]["text"] == off

@@ -1,0 +1,140 @@
+"""Log-probabilities of emitted tokens (cascade/logprobs.py): under every chain, each entry is
+exactly what the target's own row after that token's prefix gives, computed here from the
+synthetic target's logits directly; alternatives are the most likely tokens, most likely
+first; stop strings, EOS and max_tokens cut the entries with the tokens; a batched stream
+hands out every entry once, with the text that shows its token."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.logprobs import TokenLogprob, log_distribution, token_logprob
+from specrouter.cascade.sampling import SamplingParams, warp
+from specrouter.drafters.ngram import NgramDrafter
+from specrouter.engine import generate
+from specrouter.engine.batch import BatchScheduler, Delta, Finished, SeqRequest
+from specrouter.errors import InvalidParameterError
+
+VOCAB, EOS = 12, 11
+PROMPT = [1, 2, 3, 1, 2]
+PARAMS = {
+    "greedy": SamplingParams(),
+    "T=0.8": SamplingParams(temperature=0.8, seed=5),
+    "T=1.3,top_k=4": SamplingParams(temperature=1.3, top_k=4, seed=6),
+    "T=0.9,top_p=0.7": SamplingParams(temperature=0.9, top_p=0.7, seed=7),
+}
+
+
+def models(eos=None):
+    target = SyntheticBackend("target", vocab=VOCAB, eos_id=eos)
+    mid = SyntheticBackend("mid", vocab=VOCAB, model_seed=2, noise=0.6, eos_id=eos)
+    small = SyntheticBackend("small", vocab=VOCAB, model_seed=3, noise=1.2, eos_id=eos)
+    return target, mid, small
+
+
+def chains(target, mid, small):
+    return {
+        "target alone": Chain([target], []),
+        "2-level": Chain([small, target], [4]),
+        "3-level": Chain([small, mid, target], [2, 3]),
+        "n-gram 3-level": Chain([NgramDrafter(max_ngram=2), mid, target], [3, 2]),
+    }
+
+
+def expected(target: SyntheticBackend, prompt, tokens, params, top) -> list[TokenLogprob]:
+    """What the target alone reports: each token's entry from its own row."""
+    return [token_logprob(log_distribution(target.logits_for(prompt + tokens[:j]), params), t, top)
+            for j, t in enumerate(tokens)]
+
+
+@pytest.mark.parametrize("params", PARAMS.values(), ids=PARAMS.keys())
+@pytest.mark.parametrize("name", ["target alone", "2-level", "3-level", "n-gram 3-level"])
+def test_every_entry_is_the_targets_own_row(name, params):
+    target, mid, small = models()
+    r = generate(chains(target, mid, small)[name], PROMPT, params, 60, logprobs=3)
+    assert len(r.token_ids) == 60 and r.cycles < 60 or name == "target alone"
+    assert r.logprobs == expected(target, PROMPT, r.token_ids, params, 3)
+
+
+def test_greedy_reports_the_temperature_1_distribution_and_sampling_the_warped_one():
+    target, _, _ = models()
+    row = target.logits_for(PROMPT)
+    greedy = log_distribution(row, SamplingParams())
+    assert np.allclose(np.exp(greedy), np.exp(row) / np.exp(row).sum(), rtol=1e-12, atol=0)
+    params = SamplingParams(temperature=0.7, top_k=3)
+    sampled = log_distribution(row, params)
+    kept = np.isfinite(sampled)
+    assert kept.sum() == 3 and set(np.flatnonzero(kept)) == set(np.argsort(-row)[:3].tolist())
+    assert np.allclose(np.exp(sampled[kept]), warp(row, params)[kept], rtol=1e-12, atol=0)
+
+
+def test_alternatives_are_the_most_likely_tokens_most_likely_first():
+    logp = np.log(np.array([0.1, 0.3, 0.05, 0.3, 0.25]))
+    entry = token_logprob(logp, 2, 3)
+    assert entry.token == 2 and entry.logprob == pytest.approx(np.log(0.05))
+    assert [t for t, _ in entry.top] == [1, 3, 4]  # the tie at 0.3 by token id
+    assert [lp for _, lp in entry.top] == [logp[1], logp[3], logp[4]]
+    assert token_logprob(logp, 2, 0).top == ()
+    assert [t for t, _ in token_logprob(logp, 0, 9).top] == [1, 3, 4, 0, 2]  # at most the vocabulary
+
+
+def test_a_token_the_filters_cut_is_minus_infinity():
+    row = np.array([3.0, 2.0, 1.0, 0.0])
+    logp = log_distribution(row, SamplingParams(temperature=1.0, top_k=2))
+    assert token_logprob(logp, 3, 4).logprob == -np.inf
+    assert token_logprob(logp, 3, 4).top[-1] == (3, -np.inf)
+
+
+def test_without_logprobs_there_are_none():
+    target, _, small = models()
+    assert generate(Chain([small, target], [4]), PROMPT, SamplingParams(), 10).logprobs is None
+
+
+def test_entries_follow_the_tokens_cut_by_eos_stop_strings_and_max_tokens():
+    target, _, small = models(eos=EOS)
+    chain = Chain([small, target], [4])
+    r = generate(chain, PROMPT, SamplingParams(), 7, logprobs=1)
+    assert len(r.logprobs) == len(r.token_ids) == 7
+    long = generate(chain, PROMPT, SamplingParams(), 400, logprobs=1)
+    assert long.finish_reason == "stop" and [e.token for e in long.logprobs] == long.token_ids  # EOS is no entry
+    plain = generate(chain, PROMPT, SamplingParams(), 40, logprobs=1)  # one letter per token
+    stop = plain.text[10:12]
+    cut = generate(chain, PROMPT, SamplingParams(), 40, stop=[stop], logprobs=1)
+    assert cut.text == plain.text[: plain.text.index(stop)]
+    assert [e.token for e in cut.logprobs] == cut.token_ids == plain.token_ids[: len(cut.token_ids)]
+
+
+@pytest.mark.parametrize("bad", [-1, 21, True, 1.5])
+def test_bad_logprobs_are_refused(bad):
+    target, _, small = models()
+    with pytest.raises(InvalidParameterError, match="logprobs must be an integer in 0..20"):
+        generate(Chain([small, target], [4]), PROMPT, SamplingParams(), 5, logprobs=bad)
+
+
+def test_a_batched_stream_hands_out_every_entry_once_with_its_text():
+    target, mid, small = models()
+    chain = Chain([small, mid, target], [2, 3])
+    # A synthetic token spells one letter; a stop string of three "j"s holds a tail of "j"s
+    # back: every token's text is shown by some Delta, and its entry comes with that Delta.
+    scheduler = BatchScheduler(lambda r: chain, max_batch=4)
+    requests = {f"r{i}": SeqRequest(PROMPT[i:] + [i], SamplingParams(temperature=0.9, seed=i), max_tokens=30 + i,
+                                    stop=["jjj"], logprobs=2) for i in range(3)}
+    for rid, request in requests.items():
+        scheduler.add(rid, request)
+    streamed: dict[str, list] = {rid: [] for rid in requests}
+    shown: dict[str, str] = {rid: "" for rid in requests}
+    results = {}
+    while scheduler.n_active or scheduler.n_waiting:
+        for event in scheduler.step():
+            if isinstance(event, Delta):
+                shown[event.request_id] += event.text
+                streamed[event.request_id] += event.logprobs
+                assert target.detokenize([e.token for e in streamed[event.request_id]]) == shown[event.request_id]
+            elif isinstance(event, Finished):
+                results[event.request_id] = event.result
+    for rid, r in results.items():
+        assert streamed[rid] == r.logprobs and len(r.logprobs) == len(r.token_ids) > 0
+        assert r.logprobs == expected(target, requests[rid].prompt_tokens, r.token_ids, requests[rid].params, 2)
