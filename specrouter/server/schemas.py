@@ -99,6 +99,7 @@ NoPrediction = Unsupported(what="prediction")
 NoReasoningEffort = Unsupported(what="reasoning_effort")
 NoVerbosity = Unsupported(what="verbosity")
 NoWebSearch = Unsupported(what="web_search_options")
+NoRefusal = Unsupported(what="a message's refusal")
 
 
 class SpeculationChain(BaseModel):
@@ -241,6 +242,8 @@ class ChatMessage(BaseModel):
     content: Text | list[TextPart] | None = None
     tool_calls: list[ToolCall] | None = Field(None, description="an assistant's calls")
     tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
+    name: str | None = Field(None, max_length=256, description="the participant's name (passed to the template)")
+    refusal: NoRefusal = None  # an assistant message echoed back by a client carries refusal: null
 
     @model_validator(mode="after")
     def _check(self) -> ChatMessage:
@@ -268,6 +271,8 @@ class ChatMessage(BaseModel):
                 "name": c.function.name, "arguments": c.function.parsed_arguments}} for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
         return out
 
 

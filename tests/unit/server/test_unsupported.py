@@ -27,7 +27,9 @@ def url():
     ("/v1/chat/completions", {**CHAT, "audio": {"voice": "alloy"}}, "audio"),
     ("/v1/chat/completions", {**CHAT, "reasoning_effort": "low"}, "reasoning_effort"),
     ("/v1/chat/completions", {**CHAT, "typical_p": 0.9}, "typical_p"),  # nobody's field here
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "abc", "name": "bob"}]}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "abc", "weight": 2}]}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "assistant", "content": "a", "refusal": "no"}]},
+     "messages"),
     ("/v1/completions", {**COMPLETION, "echo": True}, "echo"),
     ("/v1/completions", {**COMPLETION, "best_of": 2}, "best_of"),
     ("/v1/completions", {**COMPLETION, "suffix": "xyz"}, "suffix"),
@@ -49,6 +51,10 @@ def test_neutral_values_and_fields_that_change_no_output_are_accepted(url):
             "modalities": ["text"], "audio": None}
     r = httpx.post(url + "/v1/chat/completions", json=chat)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == expected
+    # What clients echo back: a participant's name (ChatML ignores it), an assistant's refusal: null.
+    echoed = [{"role": "user", "content": "abc", "name": "bob"}, {"role": "assistant", "content": "d", "refusal": None},
+              {"role": "user", "content": "abc"}]
+    assert httpx.post(url + "/v1/chat/completions", json={**CHAT, "messages": echoed}).status_code == 200
     r = httpx.post(url + "/v1/completions", json={**COMPLETION, **neutral, "echo": False, "best_of": 1,
                                                   "logprobs": None, "suffix": ""})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == reference_text("abc", 4)
