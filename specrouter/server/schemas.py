@@ -24,9 +24,9 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       model_validator)
 from pydantic_core import PydanticCustomError
 
+from specrouter.cascade.chain import LevelStats
 from specrouter.cascade.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, finite
 from specrouter.cascade.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
-from specrouter.cascade.chain import LevelStats
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
 
@@ -100,6 +100,8 @@ NoReasoningEffort = Unsupported(what="reasoning_effort")
 NoVerbosity = Unsupported(what="verbosity")
 NoWebSearch = Unsupported(what="web_search_options")
 NoRefusal = Unsupported(what="a message's refusal")
+NotStrict = Unsupported(False, what="strict function calling (arguments held to the schema need constrained "
+                                    "decoding)")
 
 
 class SpeculationChain(BaseModel):
@@ -203,7 +205,7 @@ class FunctionDefinition(BaseModel):
     name: FunctionName
     description: Text | None = None
     parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments")
-    strict: bool | None = None
+    strict: NotStrict = None
 
 
 class ToolDefinition(BaseModel):

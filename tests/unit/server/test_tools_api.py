@@ -113,6 +113,7 @@ def test_a_round_trip_with_the_tools_answer_is_accepted(url):
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
     ({"tools": TOOLS * 2}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "get_weather", "strict": True}}]}, "tools"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),  # no tool_call_id
     ({"messages": [{"role": "assistant", "content": None}]}, "messages"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
