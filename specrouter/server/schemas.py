@@ -360,10 +360,9 @@ class Usage(BaseModel):
     speculation: SpeculationUsage
 
     @classmethod
-    def of(cls, results: GenerationResult | Sequence[GenerationResult]) -> Usage:
+    def of(cls, results: Sequence[GenerationResult]) -> Usage:
         """A request's usage over its choices (n): the prompt once, every choice's tokens, and
         the speculation of all of them together (chain: the one that ran the most cycles)."""
-        results = [results] if isinstance(results, GenerationResult) else list(results)
         chains: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
         levels: dict[str, LevelStats] = {}
         for r in results:
