@@ -52,5 +52,9 @@ class InvalidTokenIdError(SpecRouterError):
     """A prompt token id is outside the target's vocabulary."""
 
 
+class InvalidLogitBiasError(InvalidTokenIdError):
+    """A logit_bias token id is outside the target's vocabulary."""
+
+
 class BackendError(SpecRouterError):
     """A backend failed while computing (e.g. llama_decode returned an error)."""

@@ -37,7 +37,8 @@ from specrouter.cascade.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from specrouter.cascade.penalties import History, penalized
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.cascade.verify import residual
-from specrouter.errors import EmptyPromptError, InvalidParameterError, InvalidTokenIdError, PromptTooLongError
+from specrouter.errors import (EmptyPromptError, InvalidLogitBiasError, InvalidParameterError, InvalidTokenIdError,
+                               PromptTooLongError)
 from specrouter.state import SequenceState
 
 
@@ -210,11 +211,11 @@ def check_prompt(router: ChainRouter, prompt_tokens: Sequence[int]) -> None:
 
 
 def check_logit_bias(router: ChainRouter, params: SamplingParams) -> None:
-    """Every token id of logit_bias is in the target's vocabulary (InvalidTokenIdError)."""
+    """Every token id of logit_bias is in the target's vocabulary (InvalidLogitBiasError)."""
     n_tokens = router.target.n_tokens
     bad = next((t for t, _ in params.logit_bias if t >= n_tokens), None)
     if bad is not None:
-        raise InvalidTokenIdError(f"logit_bias token id {bad} is outside the vocabulary (0..{n_tokens - 1})")
+        raise InvalidLogitBiasError(f"logit_bias token id {bad} is outside the vocabulary (0..{n_tokens - 1})")
 
 
 class SequenceRun:

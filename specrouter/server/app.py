@@ -37,8 +37,8 @@ from specrouter.drafters.memory import OPTED_OUT, MemoryScope
 from specrouter.engine.batch import Delta, SeqRequest
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
-from specrouter.errors import (BackendError, ChatTemplateError, InvalidChainError, InvalidTokenIdError,
-                               PromptTooLongError, SpecRouterError)
+from specrouter.errors import (BackendError, ChatTemplateError, InvalidChainError, InvalidLogitBiasError,
+                               InvalidTokenIdError, PromptTooLongError, SpecRouterError)
 from specrouter.server import schemas as s
 from specrouter.server.config import ServeConfig
 from specrouter.server.guard import RequestGuard, default_allowed_hosts
@@ -59,7 +59,7 @@ class APIError(Exception):
 
 #: The request field (OpenAI's `param`) that an engine error points to.
 _PARAMS: dict[type[Exception], str] = {InvalidChainError: "speculation.chain", InvalidTokenIdError: "prompt",
-                                        ChatTemplateError: "messages"}
+                                        InvalidLogitBiasError: "logit_bias", ChatTemplateError: "messages"}
 
 
 def _from_exception(exc: Exception) -> APIError:
@@ -166,10 +166,6 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
         """What a request must pass before its prompt is tokenized: the served model, and
         the kernels the server runs (one kind for every request)."""
         _check_model(body.model, names)
-        outside = next((t for t, _ in body.engine_logit_bias if t >= service.target.n_tokens), None)
-        if outside is not None:
-            raise APIError(400, f"logit_bias token id {outside} is outside the vocabulary "
-                                f"(0..{service.target.n_tokens - 1})", param="logit_bias", code="invalid_token_id")
         if body.exact is not None and body.exact != config.exact:
             raise APIError(400, f"this server runs {'exact' if config.exact else 'default'} kernels for every request: "
                                 f"exact={str(body.exact).lower()} cannot be honoured "
