@@ -371,18 +371,27 @@ async def _submit(service: Service, request: SeqRequest, n: int) -> list[Handle]
 async def _results_unless_disconnected(handles: list[Handle], request: Request) -> list[GenerationResult] | None:
     """The choices' results, or None (and the sequences cancelled) if the client left first;
     one choice's error cancels the others and is raised."""
-    results = asyncio.ensure_future(asyncio.gather(*(h.result() for h in handles)))
+    tasks = [asyncio.ensure_future(h.result()) for h in handles]
     gone = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({results, gone}, return_when=asyncio.FIRST_COMPLETED)
+        pending: set[asyncio.Future] = set(tasks)
+        while pending and not gone.done():
+            done, pending = await asyncio.wait(pending | {gone}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(gone)
+            if any(t is not gone and not t.cancelled() and t.exception() is not None for t in done):
+                break
     finally:
         gone.cancel()
-        if not results.done():
-            results.cancel()
-        if not results.done() or results.cancelled() or results.exception() is not None:
+        unfinished = [t for t in tasks if not t.done()]
+        for task in unfinished:
+            task.cancel()
+        if unfinished:
             for handle in handles:
                 handle.cancel()  # idempotent: a finished one is left as it is
-    return results.result() if not results.cancelled() else None
+    failed = next((t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception()), None)
+    if failed is not None:
+        raise failed
+    return None if unfinished else [t.result() for t in tasks]
 
 
 async def _disconnected(request: Request) -> None:
