@@ -51,6 +51,7 @@ EXACTNESS_TESTS = [
     "tests/unit/engine/test_batch.py",
     "tests/unit/cascade/test_penalties.py",
     "tests/unit/cascade/test_logprobs.py",
+    "tests/unit/cascade/test_grammar.py",
     *LAW_TESTS,
     "tests/unit/cascade/test_sampling_exactness.py",
 ]
@@ -146,6 +147,15 @@ MUTANTS = [
     Mutant("penalties-committed-only", "a row's penalties count the committed text only, not the tokens drafted "
            "before it in its block",
            (Edit("specrouter/cascade/penalties.py", "extra = prefix[self.committed:]", "extra = ()"),)),
+    Mutant("grammar-committed-only", "a row is restricted by the grammar after the committed output only, not the "
+           "tokens drafted before it",
+           (Edit("specrouter/cascade/chain.py",
+                 "rows = self.constraint.restrict(rows, tokens[self.committed:], first - self.committed)",
+                 "rows = [self.constraint.restrict([row], [], 0)[0] for row in rows]"),)),
+    Mutant("grammar-draft-uncut", "a model-free draft is verified whole, past its first token outside the grammar",
+           (Edit("specrouter/cascade/chain.py",
+                 "draft = draft.cut(self.constraint.valid_prefix(context[self.committed:], draft.tokens))",
+                 "draft = draft"),)),
     Mutant("batch-logits-swapped", "a batched call hands each sequence another sequence's logits",
            (Edit("specrouter/engine/batch.py", "in zip(group, outputs):", "in zip(group, outputs[::-1]):"),)),
     Mutant("top-p-one-short", "top-p keeps one token fewer than the smallest set reaching top_p",

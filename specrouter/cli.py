@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.cli_torch import convert
@@ -65,6 +66,19 @@ _profile_option = click.option(
 )
 
 
+def _grammar(json_schema, regex: str | None, grammar) -> Grammar | None:
+    """The output's constraint from generate's options (at most one of them)."""
+    if sum(option is not None for option in (json_schema, regex, grammar)) > 1:
+        raise InvalidParameterError("give at most one of --json-schema, --regex and --grammar")
+    if json_schema is not None:
+        return Grammar("json_schema", json_schema.read())
+    if regex is not None:
+        return Grammar("regex", regex)
+    if grammar is not None:
+        return Grammar("gbnf", grammar.read())
+    return None
+
+
 @main.command()
 @click.option("--prompt", help="Raw text to continue.")
 @click.option("--chat", "chat", help="One user message, formatted with the target's chat template.")
@@ -85,6 +99,10 @@ _profile_option = click.option(
 @click.option("--frequency-penalty", type=float, default=0.0, show_default=True)
 @click.option("--presence-penalty", type=float, default=0.0, show_default=True)
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 disables.")
+@click.option("--json-schema", type=click.File("r"), default=None,
+              help="Hold the output to this JSON schema (a file, - for stdin); '{\"type\": \"object\"}' for any object.")
+@click.option("--regex", default=None, help="Hold the output to this regular expression.")
+@click.option("--grammar", type=click.File("r"), default=None, help="Hold the output to this GBNF or Lark grammar (a file).")
 @click.option("--seed", type=int, default=None, help="Fixes the sampling randomness.")
 @click.option("--max-tokens", type=int, default=128, show_default=True)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")
@@ -99,8 +117,8 @@ _profile_option = click.option(
 @_profile_option
 @_cache_option
 def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temperature, top_k, top_p, min_p,
-             frequency_penalty, presence_penalty, repetition_penalty, seed, max_tokens, stop, n_ctx, threads, as_json,
-             logprobs, exact, profile_file, cache_dir) -> None:
+             frequency_penalty, presence_penalty, repetition_penalty, json_schema, regex, grammar, seed, max_tokens,
+             stop, n_ctx, threads, as_json, logprobs, exact, profile_file, cache_dir) -> None:
     """Generate text with a chain of models."""
     if (prompt is None) == (chat is None):
         raise InvalidParameterError("give exactly one of --prompt TEXT or --chat TEXT")
@@ -109,7 +127,7 @@ def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temper
     check_logprobs(logprobs)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, min_p=min_p,
                             frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                            repetition_penalty=repetition_penalty)
+                            repetition_penalty=repetition_penalty, grammar=_grammar(json_schema, regex, grammar))
     check_max_tokens(max_tokens)  # before any model loads
     check_prompt_nonempty(prompt if prompt is not None else chat)
     specs = parse_chain(chain)

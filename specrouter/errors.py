@@ -58,3 +58,7 @@ class InvalidLogitBiasError(InvalidTokenIdError):
 
 class BackendError(SpecRouterError):
     """A backend failed while computing (e.g. llama_decode returned an error)."""
+
+
+class InvalidGrammarError(InvalidParameterError):
+    """A structured-output grammar (JSON schema, regex, GBNF, Lark) that cannot be compiled."""

@@ -39,7 +39,10 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class SequenceState:
     """One request's KV bookkeeping across all models that ever computed for it."""
 
-    def __init__(self) -> None:
+    def __init__(self, donor: SequenceState | None = None) -> None:
+        """donor: a sequence of the same prompt (another choice of the same request) whose
+        caches this one may take a prefix of instead of computing it (adopt)."""
+        self.donor = donor
         self._slots: dict[int, int] = {}  # id(backend) -> sequence id in that backend
         self._cached: dict[int, list[int]] = {}  # id(backend) -> tokens in its KV
         self._backends: dict[int, Backend] = {}
@@ -97,6 +100,31 @@ class SequenceState:
             backend.remove(self._slots[key], keep)
             del cached[keep:]
         return self._slots[key], list(tokens[keep:]), keep, n_logits
+
+    def adopt(self, backend: Backend, tokens: Sequence[int]) -> int:
+        """Before this sequence's first forward on `backend`: take what the donor's cache of
+        it holds of `tokens` (all but the last token at most: a forward needs one to feed) by
+        sharing those positions (Backend.share_prefix) instead of computing them. Returns how
+        many positions were taken (0: no donor, no donor cache, a slot already, or a backend
+        that cannot share)."""
+        key, donor = id(backend), self.donor
+        if donor is None or key in self._slots or key not in donor._slots:
+            return 0
+        n = min(common_prefix(donor._cached[key], tokens), len(tokens) - 1)
+        if n <= 0:
+            return 0
+        seq = backend.new_sequence()
+        if not backend.share_prefix(donor._slots[key], seq, n):
+            backend.free_sequence(seq)
+            return 0
+        self._slots[key], self._cached[key], self._backends[key] = seq, list(tokens[:n]), backend
+        return n
+
+    def adopt_all(self, tokens: Sequence[int]) -> int:
+        """adopt() on every model the donor holds a cache of; the positions taken in all."""
+        if self.donor is None:
+            return 0
+        return sum(self.adopt(backend, tokens) for backend in list(self.donor._backends.values()))
 
     def fed(self, backend: Backend, fresh: Sequence[int]) -> None:
         """The call from prepare() succeeded: the cache now also holds `fresh`."""

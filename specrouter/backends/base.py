@@ -108,6 +108,12 @@ class Backend(ABC):
     def free_sequence(self, seq: int) -> None:
         """Release the slot and its KV cells."""
 
+    def share_prefix(self, src: int, dst: int, n: int) -> bool:
+        """Make the empty sequence dst hold src's first n positions without computing them
+        (cells shared where the cache allows, else copied); False: this backend cannot, and
+        the caller computes them. A later remove() on either sequence leaves the other whole."""
+        return False
+
     def timing_key(self) -> TimingKey:
         """What this backend's forward times depend on (see TimingKey)."""
         return TimingKey(self.kind, self.path, None, self.n_threads)

@@ -202,6 +202,11 @@ class LlamaCppBackend(ForwardBackend):
             raise BackendError(f"{self.name}: all {self.n_seq_max} sequence slots are in use")
         return self._free_slots.pop(0)
 
+    def share_prefix(self, src: int, dst: int, n: int) -> bool:
+        """The cells of positions [0, n) of src are tagged with dst too (no copy)."""
+        _ll.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        return True
+
     def free_sequence(self, seq: int) -> None:
         _ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
         if seq not in self._free_slots:

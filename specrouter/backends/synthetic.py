@@ -126,6 +126,10 @@ class SyntheticBackend(Backend):
     def free_sequence(self, seq: int) -> None:
         self._kv.pop(seq, None)
 
+    def share_prefix(self, src: int, dst: int, n: int) -> bool:
+        self._kv[dst] = list(self._kv[src][:n])
+        return True
+
     @property
     def live_sequences(self) -> int:
         """Slots in use (a leak check: 0 once every request has ended)."""
@@ -135,9 +139,12 @@ class SyntheticBackend(Backend):
         """What the cache holds (tests compare it with the state manager's books)."""
         return list(self._kv[seq])
 
-    # Tokenizer: one character per token, id = ord(c) % vocab ------------------------
+    # Tokenizer: one character per token; token t < 26 is the letter chr(97 + t) ------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        return [ord(c) % self.n_vocab for c in text]  # no special tokens: one id per character
+        """One id per character, no special tokens: a lowercase letter is its own token where
+        the vocabulary has it (so tokenize inverts token_bytes there: a grammar engine reads
+        both), any other character (ord(c) - 97) mod vocab."""
+        return [(ord(c) - 97) % self.n_vocab for c in text]
 
     def _piece(self, token: int) -> bytes:
         return chr(ord("a") + token).encode() if token < 26 else f"<{token}>".encode()

@@ -18,6 +18,7 @@ the package works without the `torch` extra.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -327,6 +328,13 @@ class TorchBackend(ForwardBackend):
         seq = self._free_slots.pop(0)
         self._caches[seq] = self._new_cache()
         return seq
+
+    def share_prefix(self, src: int, dst: int, n: int) -> bool:
+        """A copy of src's cache, cut to n positions (a DynamicCache's tensors are its own)."""
+        cache = copy.deepcopy(self._cache(src))
+        self._truncate(cache, n)
+        self._caches[dst] = cache
+        return True
 
     def free_sequence(self, seq: int) -> None:
         self._caches.pop(seq, None)

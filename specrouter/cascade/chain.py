@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from specrouter.backends.base import Backend
+from specrouter.cascade.grammar import Constraint
 from specrouter.cascade.logprobs import TokenLogprob, emitted_logprobs
 from specrouter.cascade.penalties import History, penalize, penalized
 from specrouter.cascade.proposer import Draft, LengthPolicy, Proposer, confidence, cut_after_eos
@@ -243,12 +244,17 @@ class CycleRunner:
         clock: Callable[[], float] = time.perf_counter,
         logprobs: int | None = None,
         history: History | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
         """logprobs: report each emitted token's log-probability with that many alternatives
         (logprobs.py; None: report none). history: the committed text penalties read
-        (penalties.py), synced to the cycle's context; needed when params penalise."""
+        (penalties.py), synced to the cycle's context; needed when params penalise.
+        constraint: the sequence's grammar state (grammar.py) over the output committed
+        before the cycle's context ends; needed when params have a grammar."""
         if history is None and penalized(params):
             raise InvalidParameterError("penalties and biases need the sequence's History")
+        if constraint is None and params.grammar is not None:
+            raise InvalidParameterError("a grammar needs the sequence's Constraint")
         self.chain, self.state, self.params, self.rng = chain, state, params, rng
         self.stats = stats if stats is not None else [LevelStats(level.name) for level in chain.levels]
         self._residual = residual_fn
@@ -258,6 +264,7 @@ class CycleRunner:
         self.committed = 0  # the current cycle's starting context (proposer.Drafting)
         self.logprobs = logprobs
         self.history = history if penalized(params) else None
+        self.constraint = constraint if params.grammar is not None else None
         #: The emitted tokens' entries, one per token the cycle returned (when logprobs is set).
         self.emitted: list[TokenLogprob] = []
 
@@ -286,11 +293,14 @@ class CycleRunner:
     # ------------------------------------------------------------------------------
     def _processed(self, rows, tokens: list[int]):
         """Rows after the last len(rows) prefixes of `tokens` (row j after tokens[:len(tokens)
-        - len(rows) + 1 + j]), transformed by the penalties (penalties.py; as they are without)."""
-        if self.history is None:
-            return rows
+        - len(rows) + 1 + j]), transformed by the penalties (penalties.py), then restricted by
+        the grammar (grammar.py); as they are without either."""
         first = len(tokens) - len(rows) + 1
-        return [penalize(row, tokens[: first + j], self.params, self.history) for j, row in enumerate(rows)]
+        if self.history is not None:
+            rows = [penalize(row, tokens[: first + j], self.params, self.history) for j, row in enumerate(rows)]
+        if self.constraint is not None:
+            rows = self.constraint.restrict(rows, tokens[self.committed:], first - self.committed)
+        return rows
 
     def _dist(self, row: np.ndarray):
         """What a level keeps per position: its argmax under greedy, else its warped p."""
@@ -354,6 +364,8 @@ class CycleRunner:
         """Level i verifies up to n_below proposals from level i - 1 in one forward and
         returns the accepted ones plus its own next token, with its dist per token."""
         draft = (yield from self._propose(i - 1, context, n_below)) if n_below > 0 else Draft([], [])
+        if self.constraint is not None:  # a model-free draft is cut where it leaves the grammar
+            draft = draft.cut(self.constraint.valid_prefix(context[self.committed:], draft.tokens))
         proposals, q = draft.tokens, draft.dists
         rows = yield from self._evaluate(i, context + proposals, len(proposals) + 1)
         start = self.clock()

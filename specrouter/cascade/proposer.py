@@ -20,7 +20,7 @@ model-free lookup drafters, whose draft yields no forward.
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -41,6 +41,14 @@ class Draft:
     #: Its length policy ended it before the length it was asked for (its end is then no
     #: rejection to score: the block asked for no more).
     stopped: bool = False
+
+    def cut(self, n: int) -> Draft:
+        """Its first n tokens (itself when it has no more): what a grammar lets through
+        (grammar.py). Not `stopped`: the tokens cut were drafted and are scored as rejected."""
+        if n >= len(self.tokens):
+            return self
+        return replace(self, tokens=self.tokens[:n], dists=None if self.dists is None else self.dists[:n],
+                       confidences=self.confidences[:n], stopped=False)
 
 
 class Drafting(Protocol):

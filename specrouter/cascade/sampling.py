@@ -2,7 +2,8 @@
 
 Every level of a chain warps its own logits with the same parameters, so the
 distribution the target's output must follow is the target's *warped* distribution.
-Penalties and biases transform the logits before warping (penalties.py).
+Penalties and biases transform the logits before warping (penalties.py), and then a
+grammar restricts them (grammar.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specrouter.cascade.grammar import Grammar
 from specrouter.errors import InvalidParameterError
 
 # Top-p on a 150k vocabulary: sorting everything costs ~10 ms, more than a draft
@@ -41,6 +43,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    #: Structured output (grammar.py): the output stays a prefix of a sentence of this grammar.
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
@@ -59,6 +63,8 @@ class SamplingParams:
                 raise InvalidParameterError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}")
         if not _real(self.repetition_penalty) or not 0 < self.repetition_penalty <= 1e3:
             raise InvalidParameterError(f"repetition_penalty must be > 0 (1 disables), got {self.repetition_penalty}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise InvalidParameterError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
         for token, bias in self.logit_bias:
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
                 raise InvalidParameterError(f"logit_bias keys must be token ids >= 0, got {token!r}")

@@ -5,6 +5,12 @@ step() in a loop; every step returns the events it produced (text deltas, finish
 results, failures). Requests join and leave between steps (continuous batching); a
 finished or cancelled request releases its KV slots at once.
 
+Choices of one request (n > 1) share the prompt's KV: a choice after the first waits until
+the first has run a cycle, then takes every model's cache of the prompt from it
+(SequenceState.adopt: llama.cpp shares the cells, torch copies the tensors) instead of
+prefilling it again (at the end of that cycle, before the first may finish and free them;
+and on its first forward of a model the first used later, while the first is live).
+
 Chunked prefill (prefill.py): while some sequence decodes, a forward that must first feed
 a long head (a new prompt, a draft model's catch-up) is fed in chunks across steps, riding
 in its model's call with the decoding forwards, so no prompt stalls the running streams.
@@ -45,6 +51,9 @@ class SeqRequest:
     memory: MemoryScope = field(default_factory=MemoryScope)
     #: Which of its request's choices this sequence is (n > 1): its own random stream.
     choice: int = 0
+    #: The id of a sequence with the same prompt (its request's choice 0) whose KV this one
+    #: takes instead of prefilling the prompt again: it starts once that one has run a cycle.
+    shares_prompt_with: str | None = None
 
     def rng(self) -> np.random.Generator:
         """The sequence's random stream: the seed's own for choice 0 (what the request alone
@@ -141,6 +150,8 @@ class BatchScheduler:
         self.prefill = ChunkedPrefill(prefill_share) if prefill_share is not None else None
         self._waiting: deque[tuple[str, SequenceRun]] = deque()
         self._active: dict[str, _Active] = {}
+        #: Sequences that wait for another's first cycle to take its prompt's KV: id -> donor's id.
+        self._after: dict[str, str] = {}
         #: Per model name, how many of its calls served B sequences: {B: calls} (bounded, for long runs).
         self.batch_sizes: dict[str, Counter[int]] = {}
         #: Per level, what the requests' counters added since take_spec_counts last ran.
@@ -185,7 +196,28 @@ class BatchScheduler:
         run = SequenceRun(self.plan(request), request.prompt_tokens, request.params, request.max_tokens,
                           request.stop, request.rng(), clock=self.clock,
                           logprobs=request.logprobs)
+        donor = self._run_of(request.shares_prompt_with) if request.shares_prompt_with is not None else None
+        if donor is not None and donor.context[: donor.prompt_tokens] == list(request.prompt_tokens):
+            run.state.donor = donor.state
+            self._after[request_id] = request.shares_prompt_with
         self._waiting.append((request_id, run))
+
+    def _run_of(self, request_id: str) -> SequenceRun | None:
+        if request_id in self._active:
+            return self._active[request_id].run
+        return next((run for rid, run in self._waiting if rid == request_id), None)
+
+    def _holds(self, request_id: str) -> bool:
+        """Whether a sequence still waits for its donor's first cycle (the donor is live and
+        has not finished one); once not, it never waits again."""
+        donor = self._after.get(request_id)
+        if donor is None:
+            return False
+        run = self._run_of(donor)
+        if run is not None and run.cycles == 0:
+            return True
+        del self._after[request_id]
+        return False
 
     def cancel(self, request_id: str) -> bool:
         """Drop a request (waiting or active) and free its KV slots at once; False if unknown."""
@@ -193,8 +225,10 @@ class BatchScheduler:
             if item[0] == request_id:
                 self._waiting.remove(item)
                 item[1].release()
+                self._after.pop(request_id, None)
                 return True
         active = self._active.pop(request_id, None)
+        self._after.pop(request_id, None)
         if active is None:
             return False
         if active.steps is not None:
@@ -210,8 +244,11 @@ class BatchScheduler:
             self._active[rid] = _Active(run)
         events: list[Event] = []
         for rid, a in list(self._active.items()):
-            if a.steps is None:
+            if a.steps is None and not self._holds(rid):
                 self._start_cycle(rid, a, events)
+        for a in self._active.values():
+            if a.pending is not None:  # a choice's first forward on a model takes the prompt's KV from its donor
+                a.run.state.adopt(a.pending.backend, a.pending.tokens)
         calls = self._split([(rid, a) for rid, a in self._active.items() if a.pending is not None])
         seconds = sum(self._serve(group, events) for group in _by_backend(calls))
         if self.prefill is not None:
@@ -290,6 +327,10 @@ class BatchScheduler:
     def _end_cycle(self, rid: str, a: _Active, new: list[int], events: list[Event]) -> None:
         a.steps = a.pending = None
         delta = a.run.end_cycle(new)
+        if a.run.cycles == 1:  # the sequences waiting for its prompt's KV take it now
+            for waiting in (self._run_of(w) for w, donor in self._after.items() if donor == rid):
+                if waiting is not None:
+                    waiting.state.adopt_all(waiting.context)
         self._count(a)
         if delta:
             events.append(a.delta(rid, delta))

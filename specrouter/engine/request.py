@@ -9,7 +9,8 @@ bookkeeping, because the state manager lets a model that sat out catch up lazily
 the output exact, because every cycle emits tokens distributed as the target's whatever chain
 produced them.
 
-Stop rules: EOS ends generation and is not emitted; a stop string cuts the text before it and
+Stop rules: EOS ends generation and is not emitted; so does a grammar whose sentence is
+complete and allows no more text (the token that completed it is emitted); a stop string cuts the text before it and
 token_ids keep only the tokens that make up the kept text (a token that straddles the cut
 stays); max_tokens caps the emitted tokens. Text is streamed with a hold-back: a tail that
 could still become a stop string (or is an incomplete UTF-8 character) is not shown until it
@@ -33,6 +34,7 @@ import numpy as np
 
 from specrouter.backends.base import Backend
 from specrouter.cascade.chain import Chain, CycleObserver, CycleRunner, LevelStats
+from specrouter.cascade.grammar import Constraint
 from specrouter.cascade.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from specrouter.cascade.penalties import History, penalized
 from specrouter.cascade.sampling import SamplingParams
@@ -256,6 +258,8 @@ class SequenceRun:
         self._runner: CycleRunner | None = None  # the cycle in progress
         #: What penalties read of the committed text (None: the params have none).
         self.history = History(prompt_tokens) if penalized(params) else None
+        #: The grammar's state over the committed output (None: no grammar).
+        self.constraint = Constraint(params.grammar, self.router.target) if params.grammar is not None else None
         self._text = TextTracker(detokenize or self.router.target.token_bytes, stop)
         self.finish_reason = "length"
         self.finished = False
@@ -284,7 +288,7 @@ class SequenceRun:
             self.history.sync(self.context)
         runner = CycleRunner(current, self.state, self.params, self.rng, stats=levels,
                              residual_fn=self._residual, observer=self.router, clock=self.clock,
-                             logprobs=self.logprobs, history=self.history)
+                             logprobs=self.logprobs, history=self.history, constraint=self.constraint)
         self._runner = runner
         key = (tuple(runner.chain.names), tuple(runner.chain.draft_lengths))
         self._per_cycle.append(self._used.setdefault(key, len(self._used)))
@@ -306,6 +310,11 @@ class SequenceRun:
             if self._text.add(token):
                 self.finish_reason, self.finished = "stop", True
                 return ""
+            if self.constraint is not None:
+                self.constraint.commit(token)
+                if self.constraint.stopped:
+                    self.finish_reason, self.finished = "stop", True
+                    return ""
         self.context += new
         self.state.rollback_to(self.context)
         return self._text.flush(final=False)

@@ -221,8 +221,9 @@ class OnlineCosts:
 
 
 def row_kind(params) -> str:
-    """What a logits row's Python work depends on: greedy (an argmax), or the warp's filters."""
-    extra = "+penalties" * penalized(params)
+    """What a logits row's Python work depends on: greedy (an argmax), or the warp's filters;
+    penalties and a grammar's mask add to either."""
+    extra = "+penalties" * penalized(params) + "+grammar" * (params.grammar is not None)
     if params.greedy:
         return "greedy" + extra
     return "sampled" + "+top_k" * bool(params.top_k) + "+top_p" * (params.top_p < 1.0) + "+min_p" * (params.min_p > 0) \

@@ -10,7 +10,6 @@ cancels its sequence, which frees the sequence's KV state at once.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import hashlib
 import json
@@ -31,19 +30,21 @@ from pydantic import BaseModel
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 
+from specrouter.cascade.grammar import Grammar
+from specrouter.cascade.grammar import prepare as grammar_vocabulary
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens, supports_tools
 from specrouter.drafters.memory import OPTED_OUT, MemoryScope
 from specrouter.engine.batch import Delta, SeqRequest
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
-from specrouter.errors import (BackendError, ChatTemplateError, InvalidChainError, InvalidLogitBiasError,
-                               InvalidTokenIdError, PromptTooLongError, SpecRouterError)
+from specrouter.errors import (BackendError, ChatTemplateError, InvalidChainError, InvalidGrammarError,
+                               InvalidLogitBiasError, InvalidTokenIdError, PromptTooLongError, SpecRouterError)
 from specrouter.server import schemas as s
 from specrouter.server.config import ServeConfig
 from specrouter.server.guard import RequestGuard, default_allowed_hosts
 from specrouter.server.service import Handle, QueueFullError, RequestTimeoutError, Service, ServiceStoppedError
-from specrouter.server.tools import ToolCall, ToolCallStream, parse_tool_calls
+from specrouter.server.tools import ToolCall, ToolCallStream, forced_calls, parse_tool_calls
 
 
 log = logging.getLogger(__name__)
@@ -179,14 +180,16 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
     texts = s.TokenText(service.target.token_bytes)
 
     async def generate(body, request: Request, tokens: list[int], max_tokens: int, logprobs: int | None,
-                       prefix: str, chunks, whole, usage_chunk):
-        """Submit the request's n choices, then stream chunks(handle, ident, created, model,
-        index, texts) of every choice (and usage_chunk(ident, created, results) when asked), or
-        answer whole(ident, created, results)."""
+                       prefix: str, chunks, whole, usage_chunk, grammar: Grammar | None):
+        """Submit the request's n choices (their output held to grammar, None: free), then
+        stream chunks(handle, ident, created, model, index, texts) of every choice (and
+        usage_chunk(ident, created, results) when asked), or answer whole(ident, created, results)."""
         speculation = body.engine_speculation(service.levels, config.served)
+        if grammar is not None:  # the grammar's vocabulary is built once, here rather than in the scheduler's step
+            await asyncio.to_thread(grammar_vocabulary, service.target)
         creds = await bearer(request)
-        handles = await _submit(service, _seq_request(body, tokens, max_tokens, speculation,
-                                                      memory_scope(body, creds), logprobs), body.n)
+        handles = await service.submit(_seq_request(body, tokens, max_tokens, speculation,
+                                                     memory_scope(body, creds), logprobs, grammar), body.n)
         ident, created = f"{prefix}-{handles[0].id}", int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -220,7 +223,7 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
             return s.Completion(id=ident, created=created, model=model, choices=[], usage=s.Usage.of(results))
 
         return await generate(body, request, tokens, body.max_tokens or config.max_tokens, body.logprobs, "cmpl",
-                              _completion_chunks, whole, usage_chunk)
+                              _completion_chunks, whole, usage_chunk, body.engine_grammar)
 
     @v1.post("/chat/completions", response_model=s.ChatCompletion,
              responses={200: {"content": {"text/event-stream": {}}, "description": "with stream: server-sent events"}})
@@ -256,8 +259,9 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
 
         max_tokens = body.max_completion_tokens or body.max_tokens or config.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        grammar = tool_use.grammar if tool_use is not None and tool_use.grammar is not None else body.engine_grammar
         return await generate(body, request, tokens, max_tokens, logprobs, "chatcmpl",
-                              functools.partial(_chat_chunks, tool_use=tool_use), whole, usage_chunk)
+                              functools.partial(_chat_chunks, tool_use=tool_use), whole, usage_chunk, grammar)
 
     app.include_router(v1)
 
@@ -311,6 +315,8 @@ class ToolUse:
 
     functions: list[str]
     parallel: bool
+    #: The answer's grammar when the calls are forced (tool_choice required or named), else None.
+    grammar: Grammar | None = None
 
     def calls(self, found: list[ToolCall]) -> list[s.ToolCall]:
         kept = found if self.parallel else found[:1]
@@ -318,20 +324,42 @@ class ToolUse:
 
 
 def _tool_use(body: s.ChatCompletionRequest, target) -> ToolUse | None:
-    """The request's tools, checked (a 400 naming the field), or None when it offers none."""
+    """The request's tools, checked (a 400 naming the field), or None when it offers none.
+    tool_choice required or a named function constrains the answer to calls (forced_calls)."""
     choice = body.tool_choice
-    if choice == "required" or isinstance(choice, s.NamedToolChoice):
-        raise APIError(400, "not supported by this server yet: tool_choice required or a named function (they "
-                            "need constrained decoding); use auto", param="tool_choice", code="unsupported_parameter")
     names = [t.function.name for t in body.tools or ()]
     if len(set(names)) != len(names):
         raise APIError(400, "tools must have distinct function names", param="tools", code="invalid_value")
+    named = choice.function.name if isinstance(choice, s.NamedToolChoice) else None
+    if (choice == "required" or named is not None) and not names:
+        raise APIError(400, "tool_choice required or a named function needs tools", param="tool_choice",
+                       code="invalid_value")
+    if named is not None and named not in names:
+        raise APIError(400, f"tool_choice names {named!r}, which is not among the tools", param="tool_choice",
+                       code="invalid_value")
     if not body.functions_offered:
         return None
+    forced = choice == "required" or named is not None
+    if not forced and any(t.function.strict for t in body.tools or ()):
+        raise APIError(400, "not supported by this server yet: strict function calling with tool_choice auto (the "
+                            "answer may be text or calls); use tool_choice required or a named function",
+                       param="tools", code="unsupported_parameter")
     if not supports_tools(target):
         raise APIError(400, f"the chat template of {target.name} does not support tools", param="tools",
                        code="unsupported_value")
-    return ToolUse(body.functions_offered, body.parallel_tool_calls)
+    grammar = None
+    if forced:
+        if body.engine_grammar is not None:
+            raise APIError(400, "tool_choice required or a named function constrains the answer to calls: it cannot "
+                                "be combined with response_format, regex or grammar", param="tool_choice",
+                           code="invalid_value")
+        try:
+            grammar = forced_calls(body.template_tools(), [named] if named else body.functions_offered,
+                                   body.parallel_tool_calls)
+        except InvalidGrammarError as e:
+            raise APIError(400, f"a tool's parameters cannot constrain its arguments: {e}", param="tools",
+                           code="invalid_grammar") from None
+    return ToolUse(body.functions_offered, body.parallel_tool_calls, grammar)
 
 
 def _check_model(requested: str, served: list[str]) -> None:
@@ -342,30 +370,17 @@ def _check_model(requested: str, served: list[str]) -> None:
 
 
 def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: list[int], max_tokens: int,
-                 speculation: Speculation | None, memory: MemoryScope, logprobs: int | None) -> SeqRequest:
+                 speculation: Speculation | None, memory: MemoryScope, logprobs: int | None,
+                 grammar: Grammar | None) -> SeqRequest:
     # Below 1e-5 the warped distribution is the argmax up to exact ties: such temperatures
     # are greedy (as in vLLM).
     temperature = body.temperature if body.temperature >= _MIN_TEMPERATURE else 0.0
     params = SamplingParams(temperature=temperature, top_k=body.engine_top_k, top_p=body.top_p, seed=body.seed,
                             min_p=body.min_p, frequency_penalty=body.frequency_penalty,
                             presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty,
-                            logit_bias=body.engine_logit_bias)
+                            logit_bias=body.engine_logit_bias, grammar=grammar)
     return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list, speculation=speculation,
                       memory=memory, logprobs=logprobs)
-
-
-async def _submit(service: Service, request: SeqRequest, n: int) -> list[Handle]:
-    """Admit the n choices of a request, each its own sequence and random stream (choice i);
-    if one is refused, those admitted are cancelled and the refusal raised."""
-    handles: list[Handle] = []
-    try:
-        for i in range(n):
-            handles.append(await service.submit(dataclasses.replace(request, choice=i)))
-    except BaseException:
-        for handle in handles:
-            handle.cancel()
-        raise
-    return handles
 
 
 async def _results_unless_disconnected(handles: list[Handle], request: Request) -> list[GenerationResult] | None:

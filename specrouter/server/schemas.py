@@ -3,14 +3,15 @@
 The extensions are `speculation` on a request ("auto", "off", or a fixed chain with draft
 lengths), `suffix_memory` on a request (false: opt out of the cross-request memory), `exact`
 on a request (true: refused unless the server runs exact kernels, `serve --exact`), vLLM's
-`top_k`, `min_p`, `repetition_penalty` and `chat_template_kwargs`, and `usage.speculation`
-on a response (what the request's chains did).
+`top_k`, `min_p`, `repetition_penalty` and `chat_template_kwargs`, structured output beyond
+response_format (`regex`; `grammar`, GBNF or Lark as llama-server takes it), and
+`usage.speculation` on a response (what the request's chains did).
 
 Nothing is silently ignored: a field of OpenAI's API that the engine does not implement yet
-(response_format, echo, best_of, suffix, ...) is accepted only at its neutral value, the one
-that asks for nothing (`Unsupported`: response_format text, echo false, ...), and any other
-value is a 400 naming the field with code `unsupported_parameter` (so is tool_choice
-"required" or a named function, app.py); a field that is in neither OpenAI's API nor the
+(echo, best_of, suffix, ...) is accepted only at its neutral value, the one that asks for
+nothing (`Unsupported`: echo false, ...), and any other
+value is a 400 naming the field with code `unsupported_parameter` (so is a tool's strict
+true under tool_choice auto, app.py); a field that is in neither OpenAI's API nor the
 extensions is the same 400 (extra="forbid"). Fields that change no output (`user`,
 `metadata`, `prompt_cache_key`, `safety_identifier`) are accepted.
 """
@@ -25,10 +26,12 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from pydantic_core import PydanticCustomError
 
 from specrouter.cascade.chain import LevelStats
+from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.logprobs import MAX_TOP_LOGPROBS, TokenLogprob, finite
 from specrouter.cascade.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
 from specrouter.engine.request import GenerationResult
 from specrouter.engine.speculation import Speculation
+from specrouter.errors import InvalidGrammarError
 
 Temperature = Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
@@ -88,7 +91,6 @@ def _same(value: Any, neutral: Any) -> bool:
 NoEcho = Unsupported(False, what="echo")
 NoBestOf = Unsupported(1, what="best_of > 1")
 NoSuffix = Unsupported("", what="suffix")
-TextFormat = Unsupported({"type": "text"}, what="response_format other than text")
 NoFunctions = Unsupported([], what="functions")
 NoFunctionCall = Unsupported("none", "auto", what="function_call")
 NoStore = Unsupported(False, what="store")
@@ -100,8 +102,6 @@ NoReasoningEffort = Unsupported(what="reasoning_effort")
 NoVerbosity = Unsupported(what="verbosity")
 NoWebSearch = Unsupported(what="web_search_options")
 NoRefusal = Unsupported(what="a message's refusal")
-NotStrict = Unsupported(False, what="strict function calling (arguments held to the schema need constrained "
-                                    "decoding)")
 
 
 class SpeculationChain(BaseModel):
@@ -110,6 +110,54 @@ class SpeculationChain(BaseModel):
     model_config = ConfigDict(extra="forbid")
     chain: list[str] = Field(min_length=1, max_length=8)
     draft_lengths: list[DraftLength] | None = Field(None, max_length=7, description="default 4 per drafting level")
+
+
+def _compiles(make):
+    """A field validator: the field's value must make a Grammar that compiles (else a 400
+    naming the field, code invalid_grammar, with llguidance's reason)."""
+
+    def check(value: Any) -> Any:
+        if value is not None:
+            try:
+                make(value)
+            except InvalidGrammarError as e:
+                raise PydanticCustomError("invalid_grammar", "{reason}", {"reason": str(e)}) from None
+        return value
+
+    return AfterValidator(check)
+
+
+class JSONSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema. strict true or false: the output is always held
+    to the schema (the grammar is applied whatever strict says)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Text | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: StrictBool | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+
+
+class JSONObjectFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_object"]
+
+
+class JSONSchemaResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_schema"]
+    json_schema: Annotated[JSONSchemaFormat, _compiles(lambda f: Grammar.json_schema(f.json_schema))]
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaResponseFormat, Field(discriminator="type")]
+#: Extensions: a regular expression (Rust regex syntax) or a GBNF / Lark grammar the output must match.
+RegexField = Annotated[Text, Field(max_length=65536), _compiles(lambda r: Grammar("regex", r))]
+GrammarField = Annotated[Text, Field(max_length=262144), _compiles(lambda g: Grammar("gbnf", g))]
 
 
 #: The wire form of a request's speculation; _Sampling.engine_speculation turns it into the engine's Speculation.
@@ -138,6 +186,11 @@ class _Sampling(BaseModel):
                                       description="1 disables (extension, as in vLLM)")
     min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="0 disables (extension, as in vLLM)")
     logit_bias: LogitBias | None = None
+    response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema (held to "
+                                                                     "the schema whatever strict says)")
+    regex: RegexField | None = Field(None, description="the output matches this regular expression (extension)")
+    grammar: GrammarField | None = Field(None, description="the output is a sentence of this GBNF or Lark grammar "
+                                                           "(extension, as in llama-server)")
     # Change no output: accepted as they are.
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -151,6 +204,30 @@ class _Sampling(BaseModel):
     exact: StrictBool | None = Field(None, description="true: greedy output bit-identical to the target alone's, "
                                                        "which needs a server started with --exact; false: refused "
                                                        "by such a server (extension)")
+
+    @model_validator(mode="after")
+    def _one_constraint(self):
+        fields = {"response_format": None if isinstance(self.response_format, TextFormat) else self.response_format,
+                  "regex": self.regex, "grammar": self.grammar}
+        given = [name for name, value in fields.items() if value is not None]
+        if len(given) > 1:
+            raise PydanticCustomError("invalid_value", "at most one of response_format (json), regex and grammar may "
+                                      "constrain the output; got {given}", {"given": ", ".join(given)})
+        return self
+
+    @property
+    def engine_grammar(self) -> Grammar | None:
+        """The output's constraint as the engine takes it (None: free text)."""
+        f = self.response_format
+        if isinstance(f, JSONObjectFormat):
+            return Grammar.json_object()
+        if isinstance(f, JSONSchemaResponseFormat):
+            return Grammar.json_schema(f.json_schema.json_schema)
+        if self.regex is not None:
+            return Grammar("regex", self.regex)
+        if self.grammar is not None:
+            return Grammar("gbnf", self.grammar)
+        return None
 
     @property
     def engine_logit_bias(self) -> tuple[tuple[int, float], ...]:
@@ -205,7 +282,8 @@ class FunctionDefinition(BaseModel):
     name: FunctionName
     description: Text | None = None
     parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments")
-    strict: NotStrict = None
+    strict: StrictBool | None = Field(None, description="true: arguments held to the parameters schema (needs "
+                                                         "tool_choice required or a named function)")
 
 
 class ToolDefinition(BaseModel):
@@ -294,11 +372,10 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1, description="newer name of max_tokens")
     logprobs: StrictBool = Field(False, description="each token's log-probability")
     top_logprobs: TopLogprobs | None = Field(None, description="alternatives per token (needs logprobs)")
-    response_format: TextFormat = None
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="none or auto (the default with tools); required and a named function are not supported "
-                          "yet (they need constrained decoding)")
+        None, description="none, auto (the default with tools), required (the answer is calls only) or a named "
+                          "function (one call of it); the last two hold arguments to their schemas")
     parallel_tool_calls: StrictBool = Field(True, description="false: at most the first call is returned")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="extra variables for the chat template "
                                                                           "(extension, as in vLLM)")

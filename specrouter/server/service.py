@@ -11,6 +11,7 @@ queue length is exact.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -76,16 +77,23 @@ class Service:
         """Requests the scheduler still holds (waiting or running): 0 when idle, else a leak."""
         return len(self._handles)
 
-    async def submit(self, request: SeqRequest) -> Handle:
-        """Queue a request; raises its admission error (bad input, QueueFullError, ServiceStoppedError)."""
+    async def submit(self, request: SeqRequest, n: int = 1) -> list[Handle]:
+        """Queue a request's n choices, all or none: choice i is its own sequence with its own
+        random stream, and the later ones take the first's prompt KV (SeqRequest.shares_prompt_with).
+        They are added in one go, before the scheduler steps again (so the first cannot have
+        finished and freed its prompt's cells first). Raises the admission error (bad input,
+        QueueFullError, ServiceStoppedError); then none of them runs."""
         assert self._loop is not None, "Service.start() was not called"
-        handle = Handle(self, uuid.uuid4().hex, self._loop)
+        handles = [Handle(self, uuid.uuid4().hex, self._loop) for _ in range(n)]
+        requests = [dataclasses.replace(request, choice=i, shares_prompt_with=handles[0].id if i else None)
+                    for i in range(n)]
         admitted = self._loop.create_future()
-        self._post(("add", handle, request, admitted))
+        self._post(("add", handles, requests, admitted))
         try:
             await admitted
         except asyncio.CancelledError:
-            self._post(("cancel", handle.id))  # the client left while we waited for admission
+            for handle in handles:  # the client left while we waited for admission
+                self._post(("cancel", handle.id))
             raise
         except QueueFullError:
             self.metrics.failure.labels("queue_full").inc()
@@ -99,7 +107,7 @@ class Service:
         except Exception:
             self.metrics.failure.labels("error").inc()
             raise
-        return handle
+        return handles
 
     async def drain(self, grace: float, poll: float = 0.02) -> None:
         """Graceful shutdown's first part: admit nothing more (a new request gets
@@ -162,23 +170,29 @@ class Service:
             if self._handles.pop(op[1], None) is not None:
                 self.scheduler.cancel(op[1])
             return
-        _, handle, request, admitted = op
+        _, handles, requests, admitted = op
         if admitted.cancelled():
             return
+        added: list[str] = []
         try:
             if stopping:
                 raise ServiceStoppedError("the server is shutting down")
-            # Waiting means beyond the free batch slots: a request that will take a free slot at
-            # the next step waits for nothing (max_queue 0: no waiting room, not no service).
-            queued = self.scheduler.n_waiting - (self.scheduler.max_batch - self.scheduler.n_active)
-            if queued >= self.max_queue:
-                raise QueueFullError(f"{queued} requests are already waiting for a batch slot "
-                                     f"(max_queue {self.max_queue}); retry later")
-            self.scheduler.add(handle.id, request)
+            for handle, request in zip(handles, requests):
+                # Waiting means beyond the free batch slots: a request that will take a free slot at
+                # the next step waits for nothing (max_queue 0: no waiting room, not no service).
+                queued = self.scheduler.n_waiting - (self.scheduler.max_batch - self.scheduler.n_active)
+                if queued >= self.max_queue:
+                    raise QueueFullError(f"{queued} requests are already waiting for a batch slot "
+                                         f"(max_queue {self.max_queue}); retry later")
+                self.scheduler.add(handle.id, request)
+                added.append(handle.id)
         except Exception as exc:  # noqa: BLE001 - every admission error goes back to its request
+            for rid in added:  # all choices or none
+                self.scheduler.cancel(rid)
             self._call(_resolve, admitted, exc)
             return
-        self._handles[handle.id] = handle
+        for handle in handles:
+            self._handles[handle.id] = handle
         self._call(_resolve, admitted, None)
 
     def _step(self) -> None:

@@ -14,6 +14,10 @@ sees what the model wrote, never a call the model did not make.
 `ToolCallStream` does the same for a stream: text is passed on as it comes, except a block
 (from its opening, or a tail that may become one, to its close), which is held until it
 closes and then passed on or taken as a call; an answer that opens with `{` is held whole.
+
+`forced_calls` is the grammar for tool_choice `required` or a named function: the answer is
+one tagged block (several with parallel calls) whose object names an offered function and
+whose arguments follow that function's parameters schema (so `strict` holds).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+
+from specrouter.cascade.grammar import Grammar
 
 #: Block openings and their closes: Hermes tags, then a fenced block (```json or ```).
 _CLOSES = {"<tool_call>": "</tool_call>", "```": "```"}
@@ -154,3 +160,15 @@ def _block_body(block: str, opening: str) -> str:
             return ""  # a fence of another language (```python): no call
         body = body[language.end():]
     return body
+
+
+def forced_calls(tools: Sequence[dict], names: Collection[str], parallel: bool) -> Grammar:
+    """The answer as calls only (see the module docstring): tools as the request gave them
+    (OpenAI's shape), names the functions allowed; parallel: one or more blocks, else one."""
+    objects = [{"type": "object",
+                "properties": {"name": {"const": f["name"]}, "arguments": f.get("parameters") or {"type": "object"}},
+                "required": ["name", "arguments"], "additionalProperties": False}
+               for f in (t["function"] for t in tools) if f["name"] in names]
+    calls = 'start: call ("\\n" call)*' if parallel else "start: call"
+    return Grammar("lark", f'{calls}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\n'
+                           f"body: %json {json.dumps({'anyOf': objects})}")

@@ -11,6 +11,7 @@ import numpy as np
 
 from benchmarks.prompts import load
 from specrouter.backends.base import Backend
+from specrouter.cascade.grammar import Constraint, Grammar
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.engine import GenerationResult, generate
@@ -32,24 +33,35 @@ def benchmark_prompts(target: Backend, per_dataset: int) -> list[tuple[str, list
     return out
 
 
-def near_tie_gap(target: Backend, context: list[int], a: int, b: int) -> tuple[float, bool]:
-    """Logit gap between tokens a and b at the end of context, and whether they are the top two."""
+def near_tie_gap(target: Backend, context: list[int], a: int, b: int, restrict=None) -> tuple[float, bool]:
+    """Logit gap between tokens a and b at the end of context, and whether they are the top two
+    (of the row restrict(row) gives, when a grammar restricts it)."""
     state = SequenceState()
     try:
         logits = state.evaluate(target, context, 1)[0]
     finally:
         state.release()
+    if restrict is not None:
+        logits = restrict(logits)
     top2 = set(np.argsort(-logits)[:2].tolist())
     return abs(float(logits[a] - logits[b])), top2 == {a, b}
 
 
-def check_divergence(target: Backend, label: str, prompt: list[int], got: list[int], expected: list[int]):
-    """None when got == expected; else (index, gap) of a near-tie divergence; fails otherwise."""
+def check_divergence(target: Backend, label: str, prompt: list[int], got: list[int], expected: list[int],
+                     grammar: Grammar | None = None):
+    """None when got == expected; else (index, gap) of a near-tie divergence; fails otherwise.
+    grammar: the outputs were held to it (the top two are those of the restricted row)."""
     if got == expected:
         return None
     i = next((j for j, (x, y) in enumerate(zip(got, expected)) if x != y), min(len(got), len(expected)))
     assert i < min(len(got), len(expected)), f"{label}: one output is a prefix of the other ({len(got)} vs {len(expected)})"
-    gap, top_two = near_tie_gap(target, prompt + expected[:i], got[i], expected[i])
+    restrict = None
+    if grammar is not None:
+        constraint = Constraint(grammar, target)
+        for token in expected[:i]:
+            constraint.commit(token)
+        restrict = lambda row: constraint.restrict([row], [], 0)[0]  # noqa: E731
+    gap, top_two = near_tie_gap(target, prompt + expected[:i], got[i], expected[i], restrict)
     assert top_two and gap < NEAR_TIE, (
         f"{label} diverged at token {i} ({got[i]} vs {expected[i]}) without a near-tie: gap {gap:.4f}, top two: {top_two}"
     )

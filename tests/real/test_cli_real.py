@@ -43,6 +43,17 @@ def test_streaming_prints_text_then_statistics(pool):
     assert "tok/s" in proc.stderr and f"chain: {SMALL} -> {TARGET}" in proc.stderr
 
 
+def test_a_json_schema_holds_the_answer(pool, tmp_path):
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+              "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    proc = run("generate", "--chat", "What is 6 times 7? Answer in JSON.", "--chain", f"ngram,{TARGET}",
+               "--json-schema", str(tmp_path / "schema.json"), "--max-tokens", "40", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert json.loads(out["text"]) == {"answer": 42} and out["finish_reason"] == "stop"
+
+
 def expect_error(proc, message):
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert f"error: {message}" in proc.stderr

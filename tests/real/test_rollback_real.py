@@ -77,3 +77,28 @@ def test_remove_then_refeed_in_the_same_pieces_is_bit_exact(pool):
         assert within_tolerance(first, again)
     finally:
         model.free_sequence(seq)
+
+
+def test_a_shared_prefix_outlives_its_source_bit_for_bit(pool):
+    """share_prefix tags src's cells with dst (n > 1 choices share the prompt's KV): what dst
+    computes on them is the same before and after src rolls back and is freed, bit for bit
+    (one shared cell lost would change it), and within the tolerance of dst's own prefill."""
+    model = pool.level(SMALL)
+    tokens = model.tokenize("The quick brown fox jumps over the lazy dog. It was not amused.")
+    src, dst, own = model.new_sequence(), model.new_sequence(), model.new_sequence()
+    try:
+        model.decode(src, tokens, 0, 1)
+        assert model.share_prefix(src, dst, len(tokens) - 4)
+        before = model.decode(dst, tokens[-4:], len(tokens) - 4, 4)
+        model.remove(dst, len(tokens) - 4)
+        model.remove(src, 3)
+        model.free_sequence(src)
+        src = None
+        after = model.decode(dst, tokens[-4:], len(tokens) - 4, 4)
+        np.testing.assert_array_equal(before, after)
+        model.decode(own, tokens[:-4], 0, 1)
+        assert within_tolerance(after, model.decode(own, tokens[-4:], len(tokens) - 4, 4))
+    finally:
+        for seq in (src, dst, own):
+            if seq is not None:
+                model.free_sequence(seq)

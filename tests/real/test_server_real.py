@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -95,6 +96,49 @@ def test_a_tool_call_round_trip_on_the_target(server):
                  {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 18, "sky": "cloudy"}'}]
     again = client.chat.completions.create(model=TARGET, messages=messages, tools=tools, temperature=0, max_tokens=48)
     assert again.choices[0].message.content or again.choices[0].message.tool_calls
+
+
+def test_a_forced_tool_call_and_a_json_schema_answer_with_speculation(server):
+    """tool_choice required: the 1.5B, which fences its calls when free, answers with a tagged
+    call whose arguments follow the function's schema; response_format json_schema with auto
+    routing: the answer parses and validates."""
+    client = server[2]
+    weather = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+               "required": ["city", "unit"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                               "parameters": weather, "strict": True}}]
+    messages = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+    r = client.chat.completions.create(model=TARGET, messages=messages, tools=tools, tool_choice="required",
+                                       temperature=0, max_tokens=64, extra_body={"speculation": "auto"})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, weather)
+    assert call.function.name == "get_weather" and arguments["city"] == "Paris"
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}, "why": {"type": "string"}},
+              "required": ["answer", "why"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=TARGET, messages=[{"role": "user", "content": "What is 17 + 25? Answer in JSON."}], temperature=0,
+        max_tokens=96, response_format={"type": "json_schema", "json_schema": {"name": "sum", "schema": schema}},
+        extra_body={"speculation": "auto"})
+    answer = json.loads(r.choices[0].message.content)
+    jsonschema.validate(answer, schema)
+    assert answer["answer"] == 42 and r.choices[0].finish_reason == "stop"
+
+
+def test_choices_share_the_prompt_and_choice_0_is_the_request_alone(server):
+    """n = 3 on llama.cpp: choices 1 and 2 take the prompt's cells from choice 0 (sequence
+    copy); each writes its own sample, and choice 0 is what the request alone writes (the
+    three decode in one batch: a sampled token could flip only where a draw falls within the
+    last bits of a boundary)."""
+    client = server[2]
+    kw = dict(model=TARGET, messages=[{"role": "user", "content": "Name a colour."}], temperature=0.8, seed=5,
+              max_tokens=12, extra_body={"speculation": "off"})
+    alone = client.chat.completions.create(**kw).choices[0].message.content
+    three = client.chat.completions.create(n=3, **kw)
+    texts = [c.message.content for c in three.choices]
+    assert len(texts) == 3 and all(texts) and texts[0] == alone
 
 
 def test_sigint_shuts_down_cleanly(server):

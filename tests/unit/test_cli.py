@@ -23,6 +23,9 @@ from specrouter.cli import main
         (["--prompt", "x", "--logprobs", "2"], "--logprobs is reported in the --json output: add --json"),
         (["--prompt", "x", "--logprobs", "21", "--json"], "logprobs must be an integer in 0..20 (alternatives per "
                                                           "token), got 21"),
+        (["--prompt", "x", "--regex", "(yes"], "regex grammar: "),
+        (["--prompt", "x", "--regex", "a+", "--grammar", "-"], "give at most one of --json-schema, --regex and "
+                                                               "--grammar"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, message):

@@ -150,3 +150,23 @@ def test_batch_scheduler_with_torch_chains_equals_generate_alone():
                 results[e.request_id] = e.result.token_ids
     assert [results[str(i)] for i in range(len(prompts))] == alone
     assert max(scheduler.batch_sizes[target.name]) > 1  # the target really served several at once
+
+
+def test_a_shared_prefix_gives_the_logits_of_its_own_prefill_and_outlives_the_source(model):
+    """share_prefix copies src's first n positions into an empty dst: dst then continues as if it
+    had prefilled them itself, and a later remove() or free of src leaves it whole."""
+    tokens = [1, 2, 3, 4, 5, 0, 1, 2]
+    src, dst, own = model.new_sequence(), model.new_sequence(), model.new_sequence()
+    try:
+        model.decode(src, tokens, 0, 1)
+        assert model.share_prefix(src, dst, 5)
+        model.remove(src, 2)
+        model.free_sequence(src)
+        shared = model.decode(dst, tokens[5:], 5, 3)
+        model.decode(own, tokens[:5], 0, 1)
+        alone = model.decode(own, tokens[5:], 5, 3)
+        np.testing.assert_allclose(shared, alone, atol=ATOL)
+        np.testing.assert_allclose(shared[-1], full_forward_logits(model, tokens).numpy(), atol=ATOL)
+    finally:
+        for seq in (dst, own):
+            model.free_sequence(seq)

@@ -356,3 +356,52 @@ def test_a_lone_long_prompt_is_fed_whole():
 def test_prefill_share_must_be_positive():
     with pytest.raises(InvalidParameterError, match="prefill_share must be > 0"):
         BatchScheduler(lambda r: None, prefill_share=0)
+
+
+@pytest.mark.parametrize("name", ["target", "3-level", "ngram-3-level"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=7)], ids=["greedy", "sampled"])
+def test_choices_of_one_request_prefill_the_prompt_once(name, params):
+    """n > 1: choices 1.. take every model's cache of the prompt from choice 0 (they start once
+    it has run a cycle): each model evaluates len(prompt) - 1 tokens fewer per later choice
+    than without sharing, and nothing else changes: each choice's tokens are what it writes
+    alone with its random stream, and every cache holds what its books say."""
+    prompt = [(7 * i) % (VOCAB - 1) for i in range(120)]
+
+    def run(share: bool):
+        requests = [SeqRequest(prompt, params, 20, choice=i, shares_prompt_with="c0" if i and share else None)
+                    for i in range(4)]
+        chain = chains(*models())[name]
+        scheduler = BatchScheduler(lambda r: chain, max_batch=4, prefill_share=None)
+        for i, r in enumerate(requests):
+            scheduler.add(f"c{i}", r)
+
+        def books():
+            for a in scheduler._active.values():
+                for model in chain.models:
+                    if (slot := a.run.state.slot(model)) is not None:
+                        assert model.kv_tokens(slot) == a.run.state.cached_tokens(model)
+
+        events = drain(scheduler, check=books)
+        assert all(m.live_sequences == 0 for m in chain.models)
+        return [finished(events[f"c{i}"]).token_ids for i in range(4)], {m.name: m.decoded_tokens for m in chain.models}
+
+    alone = [generate(chains(*models())[name], prompt, params, 20,
+                      rng=SeqRequest(prompt, params, choice=i).rng()).token_ids for i in range(4)]
+    shared, with_sharing = run(True)
+    separate, without = run(False)
+    assert shared == separate == alone
+    assert {m: without[m] - with_sharing[m] for m in without} == {m: 3 * (len(prompt) - 1) for m in without}
+
+
+def test_a_choice_whose_first_choice_is_gone_prefills_itself():
+    target, mid, small = models()
+    chain = Chain([small, target], [3])
+    scheduler = BatchScheduler(lambda r: chain, max_batch=4, prefill_share=None)
+    prompt = [1, 2, 3] * 20
+    scheduler.add("c0", SeqRequest(prompt, SamplingParams(), 10))
+    scheduler.add("c1", SeqRequest(prompt, SamplingParams(), 10, choice=1, shares_prompt_with="c0"))
+    assert scheduler.cancel("c0")
+    events = drain(scheduler)
+    assert finished(events["c1"]).token_ids == generate(Chain([small, target], [3]), prompt, SamplingParams(),
+                                                        10).token_ids
+    assert target.decoded_tokens >= len(prompt)

@@ -1,6 +1,7 @@
 """n > 1 (openai-complete, item 5): several choices per request, each its own sequence of the
 batch with its own random stream (choice 0: the seed's own, as the request alone), whole and
-streamed, usage over all of them; a request that cannot be admitted whole is not admitted."""
+streamed, usage over all of them, the prompt prefilled once; a request that cannot be admitted
+whole is not admitted."""
 
 from __future__ import annotations
 
@@ -35,6 +36,24 @@ def test_choices_have_their_own_streams_and_choice_0_is_the_request_alone(url):
     assert usage["speculation"]["cycles"] == sum(c["cycles"] for c in usage["speculation"]["chains_used"])
 
 
+def test_the_prompt_is_prefilled_once_for_all_choices():
+    """Choices 1.. take the prompt's KV from choice 0: a 300-token prompt costs each model about
+    300 evaluated tokens whatever n is, not n x 300 (the synthetic models count what they evaluate)."""
+    service, models = build_service(routed=False)
+    body = {**BODY, "prompt": "abcdefghij" * 30, "max_tokens": 8}
+    with running_server(service) as (base, _):
+        evaluated = []
+        for n in (1, 4):
+            before = {m.name: m.decoded_tokens for m in models}
+            r = httpx.post(base + "/v1/completions", json={**body, "n": n})
+            assert r.status_code == 200 and len(r.json()["choices"]) == n
+            evaluated.append({m.name: m.decoded_tokens - before[m.name] for m in models})
+        assert wait_until(lambda: leaked_kv(models) == 0)
+    for name in ("small", MODEL):
+        one, four = evaluated[0][name], evaluated[1][name]
+        assert 300 <= one and four < one + 3 * 40, (name, one, four)  # 3 more choices: 8 tokens each, drafts
+
+
 def test_greedy_choices_are_all_the_target_alone(url):
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "abc"}], n=2,
@@ -61,7 +80,9 @@ def test_a_stream_interleaves_the_choices_by_index_with_one_usage_chunk(url):
 
 
 def test_a_request_whose_choices_do_not_all_fit_is_refused_whole():
-    service, models = build_service(max_batch=1, max_queue=0)
+    # Models that take their simulated time: choice 0 still runs when choice 1 asks for a slot
+    # (without, it could finish first and free the slot: seen once under load).
+    service, models = build_service(max_batch=1, max_queue=0, sleep=True)
     with running_server(service) as (url, _):
         r = httpx.post(url + "/v1/completions", json={**BODY, "n": 3})
         assert r.status_code == 429 and r.json()["error"]["code"] == "queue_full"

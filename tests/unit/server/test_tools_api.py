@@ -109,11 +109,14 @@ def test_a_round_trip_with_the_tools_answer_is_accepted(url):
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),  # without tools
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+      "tool_choice": "required"}, "tools"),
     ({"tools": TOOLS * 2}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools"),
-    ({"tools": [{"type": "function", "function": {"name": "get_weather", "strict": True}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "get_weather", "strict": True}}]}, "tools"),  # under auto
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),  # no tool_call_id
     ({"messages": [{"role": "assistant", "content": None}]}, "messages"),
     ({"messages": [{"role": "assistant", "content": None, "tool_calls": [
