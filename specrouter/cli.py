@@ -230,7 +230,8 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False),
               help="TOML file of server settings (keys as the flags below, with underscores); flags override it.")
 @click.option("--models", help="Comma-separated pool, cheapest first (default: qwen2.5-coder-0.5b,qwen2.5-coder-1.5b).")
-@click.option("--target", "--model", "target", help="The served model, one of --models (default: the last).")
+@click.option("--target", "--model", "target",
+              help="The served model (default: the last of --models; one not among them joins the pool, last).")
 @click.option("--chain", help="Default speculation of a request: auto (routed, the default), off, or a,b,target.")
 @click.option("--draft-lengths", help="Comma-separated draft lengths for an explicit --chain.")
 @click.option("--lookup", type=click.Choice(list(MODEL_FREE)),

@@ -27,7 +27,8 @@ class ServeConfig(BaseModel):
 
     models: list[str] = Field(default_factory=lambda: list(DEFAULT_MODELS), min_length=1,
                               description="the pool: names or paths sharing one tokenizer, cheapest first")
-    target: str | None = Field(None, description="the served model (default: the last of models)")
+    target: str | None = Field(None, description="the served model (default: the last of models; one that is not "
+                                                  "among them joins the pool, last)")
     chain: str = Field("auto", description="a request's default speculation: auto, off, or levels a,b,target")
     draft_lengths: list[int] | None = Field(None, description="with an explicit chain (default 4 per level)")
     lookup: str = Field(DEFAULT_LOOKUP, description="the model-free drafter `auto` routes beside the models "
@@ -94,7 +95,7 @@ class ServeConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> ServeConfig:
         if self.target is not None and self.target not in self.models:
-            raise ValueError(f"target {self.target!r} is not one of models {self.models}")
+            self.models = [*self.models, self.target]  # `serve --model X` serves X with the default pool's drafts
         self.default_speculation()  # chain and draft_lengths, checked against the levels and the target
         return self
 

@@ -44,7 +44,6 @@ def test_flags_override_the_file(tmp_path):
 @pytest.mark.parametrize("values,message", [
     ({"max_batch": 0}, "max_batch: Input should be greater than or equal to 1"),
     ({"colour": "red"}, "colour: Extra inputs are not permitted"),
-    ({"target": "other"}, "target 'other' is not one of models"),
     ({"chain": f"{TARGET},{SMALL}"}, "must end at the served model"),
     ({"chain": f"missing,{TARGET}"}, "must use levels of"),
     ({"draft_lengths": [2]}, "draft_lengths needs an explicit chain"),
@@ -55,6 +54,12 @@ def test_bad_values_name_the_field(values, message):
     with pytest.raises(InvalidParameterError, match="invalid server configuration") as info:
         load_config(**values)
     assert message in str(info.value)
+
+
+def test_a_target_outside_the_models_joins_the_pool_last():
+    c = load_config(target="other")
+    assert c.served == "other" and c.models == [SMALL, TARGET, "other"]
+    assert load_config(target=SMALL).models == [SMALL, TARGET]
 
 
 def test_an_unreadable_file_is_one_clear_error(tmp_path):
