@@ -100,9 +100,10 @@ def _grammar(json_schema, regex: str | None, grammar) -> Grammar | None:
 @click.option("--presence-penalty", type=float, default=0.0, show_default=True)
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True, help="1 disables.")
 @click.option("--json-schema", type=click.File("r"), default=None,
-              help="Hold the output to this JSON schema (a file, - for stdin); '{\"type\": \"object\"}' for any object.")
+              help="Hold the output to this JSON schema (a file, - for stdin; {\"type\": \"object\"}: any object).")
 @click.option("--regex", default=None, help="Hold the output to this regular expression.")
-@click.option("--grammar", type=click.File("r"), default=None, help="Hold the output to this GBNF or Lark grammar (a file).")
+@click.option("--grammar", type=click.File("r"), default=None,
+              help="Hold the output to this GBNF or Lark grammar (a file).")
 @click.option("--seed", type=int, default=None, help="Fixes the sampling randomness.")
 @click.option("--max-tokens", type=int, default=128, show_default=True)
 @click.option("--stop", multiple=True, help="Stop string (repeatable); the text ends before it.")

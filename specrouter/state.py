@@ -39,10 +39,10 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class SequenceState:
     """One request's KV bookkeeping across all models that ever computed for it."""
 
-    def __init__(self, donor: SequenceState | None = None) -> None:
-        """donor: a sequence of the same prompt (another choice of the same request) whose
-        caches this one may take a prefix of instead of computing it (adopt)."""
-        self.donor = donor
+    def __init__(self) -> None:
+        #: A sequence of the same prompt (another choice of the same request, set by the batch
+        #: scheduler) whose caches this one may take a prefix of instead of computing it (adopt).
+        self.donor: SequenceState | None = None
         self._slots: dict[int, int] = {}  # id(backend) -> sequence id in that backend
         self._cached: dict[int, list[int]] = {}  # id(backend) -> tokens in its KV
         self._backends: dict[int, Backend] = {}

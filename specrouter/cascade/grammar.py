@@ -27,10 +27,9 @@ call returns, so a rejected token leaves no trace: the matcher after a cycle is 
 matcher of the committed output, whatever was drafted (tests/unit/cascade/test_grammar.py
 checks it against a fresh matcher after random cycles).
 
-The grammar engine is llguidance (pinned): it takes JSON schemas, regular expressions,
-Lark and GBNF, computes a token mask in tens of microseconds over a 150k vocabulary from a
-token trie, and its matcher rolls back consumed tokens, which speculation needs; it is the
-engine vLLM and llama.cpp use for the same purpose.
+The grammar engine is llguidance (pinned; why: docs/structured-output.md): it takes JSON
+schemas, regular expressions, Lark and GBNF, computes a token mask from a token trie without
+tables built per grammar, and its matcher rolls back consumed tokens, which speculation needs.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from typing import Literal
 import llguidance
 import numpy as np
 
+from specrouter.backends.base import Backend
 from specrouter.errors import InvalidGrammarError
 
 #: What a Grammar's source is written in.
@@ -93,7 +93,7 @@ class _Vocabulary:
     every character somewhere), the longest pieces that do are taken instead, up to the first
     byte no token spells."""
 
-    def __init__(self, backend, eos: int) -> None:
+    def __init__(self, backend: Backend, eos: int) -> None:
         self._backend = backend
         control = backend.eos_ids
         tokens = []
@@ -136,17 +136,17 @@ class _Vocabulary:
         return out
 
 
-#: One llguidance tokenizer per backend (building one reads every token: ~1 s for 150k).
+#: One llguidance tokenizer per backend (building one reads every token: ~2 s for 150k).
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def prepare(backend) -> None:
+def prepare(backend: Backend) -> None:
     """Build (once per backend) the vocabulary every Constraint on it reads: ~2 s for a 150k
     vocabulary, so a server calls it off its scheduler's thread before such a request runs."""
     _tokenizer(backend)
 
 
-def _tokenizer(backend) -> llguidance.LLTokenizer:
+def _tokenizer(backend: Backend) -> llguidance.LLTokenizer:
     tok = _TOKENIZERS.get(backend)
     if tok is None:
         eos = min(backend.eos_ids) if backend.eos_ids else backend.n_tokens
@@ -161,7 +161,7 @@ class Constraint:
     backend: the target (whose tokenizer every level of a pool shares); its end-of-generation
     tokens are all allowed where the grammar allows its end."""
 
-    def __init__(self, grammar: Grammar, backend) -> None:
+    def __init__(self, grammar: Grammar, backend: Backend) -> None:
         self._tok = _tokenizer(backend)
         self._matcher = llguidance.LLMatcher(self._tok, grammar.definition, log_level=0)
         if self._matcher.is_error():

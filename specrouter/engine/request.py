@@ -10,9 +10,9 @@ the output exact, because every cycle emits tokens distributed as the target's w
 produced them.
 
 Stop rules: EOS ends generation and is not emitted; so does a grammar whose sentence is
-complete and allows no more text (the token that completed it is emitted); a stop string cuts the text before it and
-token_ids keep only the tokens that make up the kept text (a token that straddles the cut
-stays); max_tokens caps the emitted tokens. Text is streamed with a hold-back: a tail that
+complete and allows no more text (the token that completed it is emitted); a stop string
+cuts the text before it and token_ids keep only the tokens that make up the kept text (a
+token that straddles the cut stays); max_tokens caps the emitted tokens. Text is streamed with a hold-back: a tail that
 could still become a stop string (or is an incomplete UTF-8 character) is not shown until it
 is resolved.
 

@@ -9,16 +9,17 @@ response_format (`regex`; `grammar`, GBNF or Lark as llama-server takes it), and
 
 Nothing is silently ignored: a field of OpenAI's API that the engine does not implement yet
 (echo, best_of, suffix, ...) is accepted only at its neutral value, the one that asks for
-nothing (`Unsupported`: echo false, ...), and any other
-value is a 400 naming the field with code `unsupported_parameter` (so is a tool's strict
-true under tool_choice auto, app.py); a field that is in neither OpenAI's API nor the
-extensions is the same 400 (extra="forbid"). Fields that change no output (`user`,
+nothing (`Unsupported`: echo false, ...), and any other value is a 400 naming the field
+with code `unsupported_parameter` (so is a tool's strict true under tool_choice auto,
+app.py); a field that is in neither OpenAI's API nor the extensions is the same 400
+(extra="forbid"). Fields that change no output (`user`,
 `metadata`, `prompt_cache_key`, `safety_identifier`) are accepted.
 """
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
@@ -215,9 +216,9 @@ class _Sampling(BaseModel):
                                       "constrain the output; got {given}", {"given": ", ".join(given)})
         return self
 
-    @property
+    @cached_property
     def engine_grammar(self) -> Grammar | None:
-        """The output's constraint as the engine takes it (None: free text)."""
+        """The output's constraint as the engine takes it (None: free text; compiled once)."""
         f = self.response_format
         if isinstance(f, JSONObjectFormat):
             return Grammar.json_object()
