@@ -336,6 +336,9 @@ class CycleRunner:
         self._rows_done(0, 1, start)
         return token, d, conf
 
+    def forced(self, tokens: list[int]) -> list[int]:
+        return self.constraint.forced(tokens[self.committed:]) if self.constraint is not None else []
+
     def lookup_took(self, seconds: float) -> None:
         self.stats[0].seconds += seconds
         if self.observer is not None:

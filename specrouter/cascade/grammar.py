@@ -204,6 +204,17 @@ class Constraint:
         finally:
             self._matcher.rollback(consumed)
 
+    def forced(self, drafted: Sequence[int]) -> list[int]:
+        """The tokens the grammar forces after the committed output plus drafted (its only
+        continuation, as llguidance tokenizes it); empty where it allows a choice, or ended."""
+        consumed = self._consume_until_end(drafted)
+        try:
+            if consumed < len(drafted) or self._matcher.is_stopped():
+                return []
+            return [t for t in self._matcher.compute_ff_tokens() if t < self._n]
+        finally:
+            self._matcher.rollback(consumed)
+
     # ------------------------------------------------------------------------------
     def _mapped(self, token: int) -> int:
         return self._end if token in self._eos_ids else int(token)

@@ -69,6 +69,9 @@ class Drafting(Protocol):
     def lookup_took(self, seconds: float) -> None:
         """A model-free proposer reports the time its lookup took."""
 
+    def forced(self, tokens: list[int]) -> list[int]:
+        """The tokens the request's grammar forces after `tokens` (empty: none, or no grammar)."""
+
     def clock(self) -> float: ...
 
 

@@ -1,5 +1,10 @@
 """What every model-free drafter shares: the Proposer methods around a lookup, and the
-match classes its acceptance is learned per."""
+match classes its acceptance is learned per.
+
+A request held to a grammar (cascade/grammar.py) may force its next tokens (a schema's next
+key, the rest of a tool call's opening): where it does, the drafter proposes those instead
+of looking anything up, filed under a class of their own (FORCED_CLASS), whose acceptance
+is learned apart (near 1: the target's restricted rows leave it little else)."""
 
 from __future__ import annotations
 
@@ -23,6 +28,10 @@ class Lookup:
     candidates: int = 0  # occurrences voted over
 
 
+#: The match class of a grammar-forced continuation.
+FORCED_CLASS = "g"
+
+
 @dataclass(frozen=True)
 class Found:
     """A lookup's proposal and its evidence: the length of the suffix match behind it, and
@@ -32,6 +41,7 @@ class Found:
     tokens: list[int]
     match: int = 0  # 0: no match, no tokens
     remembered: bool = False
+    forced: bool = False  # the request's grammar forces these tokens (no lookup was done)
 
 
 class LookupDrafter:
@@ -57,11 +67,13 @@ class LookupDrafter:
     @property
     def classes(self) -> list[str]:
         """Every class label match_class can return."""
-        return [str(c) for c in self.match_classes] + [f"m{c}" for c in self.memory_classes]
+        return [str(c) for c in self.match_classes] + [f"m{c}" for c in self.memory_classes] + [FORCED_CLASS]
 
     def match_class(self, found: Found) -> str:
         """The label of a match's class: its length's class ("4"), prefixed with "m" when it
         was found in the memory ("m16"), learned apart from the request's own text."""
+        if found.forced:
+            return FORCED_CLASS
         classes = self.memory_classes if found.remembered else self.match_classes
         size = max(c for c in classes if c <= max(found.match, classes[0]))
         return f"m{size}" if found.remembered else str(size)
@@ -75,10 +87,18 @@ class LookupDrafter:
         `committed` tokens (default: all) are never rolled back."""
         raise NotImplementedError
 
+    def find(self, context: Sequence[int], n: int, committed: int | None = None,
+             forced: Sequence[int] = ()) -> Found:
+        """What this drafter proposes after the context: the tokens a grammar forces there
+        when there are any (`forced`), else the lookup's."""
+        if forced and n > 0:
+            return Found(list(forced[:n]), len(forced), forced=True)
+        return self.lookup(context, n, committed)
+
     def draft(self, context: list[int], n: int, drafting: Drafting) -> Generator[object, np.ndarray, Draft]:
-        """The Proposer method: lookup's tokens (cut after EOS) with their match class."""
+        """The Proposer method: find's tokens (cut after EOS) with their match class."""
         start = drafting.clock()
-        found = self.lookup(context, n, drafting.committed)
+        found = self.find(context, n, drafting.committed, drafting.forced(context))
         drafting.lookup_took(drafting.clock() - start)
         return Draft(cut_after_eos(found.tokens, drafting.eos_ids), None,
                      self.match_class(found) if found.match else None)

@@ -98,10 +98,12 @@ class ChainRouter(CycleObserver, Protocol):
 
     def start(self, params: SamplingParams, prompt_tokens: int, max_tokens: int) -> None: ...
 
-    def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int]) -> Chain:
+    def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int],
+               forced: Sequence[int] = ()) -> Chain:
         """position: committed tokens so far; room: most tokens this cycle may emit;
         cached: per model name, committed tokens its cache already holds; context: the
-        committed tokens (read-only, for a drafter's shadow lookup)."""
+        committed tokens (read-only, for a drafter's shadow lookup); forced: the tokens the
+        request's grammar forces next (what a model-free drafter would propose)."""
 
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
         """new_tokens: what the target emitted this cycle; seconds: the cycle's time."""
@@ -139,7 +141,8 @@ class FixedChain:
     def start(self, params: SamplingParams, prompt_tokens: int, max_tokens: int) -> None:
         pass
 
-    def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int]) -> Chain:
+    def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int],
+               forced: Sequence[int] = ()) -> Chain:
         return self.chain
 
     def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False, batch: int = 1) -> None:
@@ -281,8 +284,9 @@ class SequenceRun:
             self.finished = True
             return None
         self.router.batch_size = batch_size
+        forced = self.constraint.forced([]) if self.constraint is not None else ()
         current = self.router.choose(len(self.context), self.room, self.state.committed_lengths(self.context),
-                                     self.context)
+                                     self.context, forced)
         levels = [self.stats.setdefault(lv.name, LevelStats(lv.name)) for lv in current.levels]
         if self.history is not None:
             self.history.sync(self.context)

@@ -252,18 +252,20 @@ class Router:
         return self.planner.score(s, position, self._horizon, cached, self.batch_size)
 
     def choose(self, position: int, room: int, cached: Mapping[str, int] | None = None,
-               context: Sequence[int] | None = None) -> Chain:
+               context: Sequence[int] | None = None, forced: Sequence[int] = ()) -> Chain:
         """The chain for the next cycle; `cached`: committed tokens each model's cache holds.
 
         `context` is used for one thing: the n-gram lookup, which costs microseconds, is
         done at every cycle in the shadow and scored against the rows the models compute
-        anyway, so the n-gram level is always observed (it wins on repetitive text)."""
+        anyway, so the n-gram level is always observed (it wins on repetitive text).
+        `forced`: the tokens the request's grammar forces next, which the model-free level
+        proposes instead of its lookup's (their own match class)."""
         cached = cached or {}
         self._horizon = self.lengths.horizon(len(self._output), room)
         x, self._ngram_key = None, None
         if self.lookup_drafter is not None and context is not None:
             free = self.lookup_drafter
-            found = free.lookup(context, max(self.lookup_grid))
+            found = free.find(context, max(self.lookup_grid), forced=forced)
             if found.tokens:
                 x, self._ngram_key = found.tokens, match_key(free.name, free.match_class(found))
         self.learner.begin(x, self._ngram_key)

@@ -17,7 +17,10 @@ closes and then passed on or taken as a call; an answer that opens with `{` is h
 
 `forced_calls` is the grammar for tool_choice `required` or a named function: the answer is
 one tagged block (several with parallel calls) whose object names an offered function and
-whose arguments follow that function's parameters schema (so `strict` holds).
+whose arguments follow that function's parameters schema (so `strict` holds). The object is
+written as the template shows it, `{"name": ..., "arguments": {...}}` (", " and ": ", no
+other whitespace): then everything up to the arguments' first value is forced, and a
+model-free drafter proposes it in one block (drafters/lookup.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from dataclasses import dataclass, field
 
 from specrouter.cascade.grammar import Grammar
 
+#: How a forced call's JSON is written (llguidance's JSON options): the template's separators.
+CALL_JSON = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 #: Block openings and their closes: Hermes tags, then a fenced block (```json or ```).
 _CLOSES = {"<tool_call>": "</tool_call>", "```": "```"}
 _FENCE_LANGUAGE = re.compile(r"(?:json)?[ \t]*\n")
@@ -171,4 +176,4 @@ def forced_calls(tools: Sequence[dict], names: Collection[str], parallel: bool) 
                for f in (t["function"] for t in tools) if f["name"] in names]
     calls = 'start: call ("\\n" call)*' if parallel else "start: call"
     return Grammar("lark", f'{calls}\ncall: "<tool_call>\\n" body "\\n</tool_call>"\n'
-                           f"body: %json {json.dumps({'anyOf': objects})}")
+                           f"body: %json {json.dumps({'x-guidance': CALL_JSON, 'anyOf': objects})}")

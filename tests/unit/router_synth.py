@@ -82,7 +82,7 @@ class ScriptedRouter:
     def start(self, params, prompt_tokens, max_tokens):
         self.calls = 0
 
-    def choose(self, position, room, cached, context):
+    def choose(self, position, room, cached, context, forced=()):
         self.calls += 1
         return self.chains[(self.calls + position + context[-1]) % len(self.chains)]
 

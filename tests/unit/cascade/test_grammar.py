@@ -304,3 +304,52 @@ def test_a_grammar_the_vocabulary_cannot_spell_is_refused_before_anything_runs()
     target, _, _ = models()  # letters a..e only: no "{"
     with pytest.raises(InvalidGrammarError, match="allows no token of the vocabulary after 0 output tokens"):
         generate(Chain([target], []), PROMPT, SamplingParams(grammar=Grammar.json_object()), 4)
+
+
+# Forced continuations as drafts ----------------------------------------------------------
+
+#: After its first letter, a long stretch the grammar forces, then a choice, and again.
+FORCING = Grammar("regex", "(a|b)cdecdecde(a|b)cdecdecde(a|b)")
+
+
+def test_the_constraint_names_the_tokens_the_grammar_forces():
+    target, _, _ = models()
+    c = fresh(FORCING, target, [])
+    assert c.forced([]) == []  # a or b: a choice
+    assert c.forced([0]) == [2, 3, 4] * 3  # then "cdecdecde"
+    assert c.forced([0, 2]) == [3, 4] + [2, 3, 4] * 2
+    assert fresh(FORCING, target, [1]).forced([]) == [2, 3, 4] * 3  # the same from the committed output
+    assert fresh(PAIRS, target, [0]).forced([]) == []  # b or c
+    assert fresh(FINITE, target, [0]).forced([]) == [1]  # "a" forces "b"
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, seed=3)], ids=["greedy", "sampled"])
+def test_a_lookup_level_drafts_what_the_grammar_forces_in_one_block(params):
+    """Forced stretches come as drafts of their own class: 9 forced tokens cost one verifying
+    forward, not nine; the output is the constrained target alone's (greedy) and a sentence."""
+    target, _, _ = models()
+    chain = Chain([NgramDrafter(max_ngram=2), target], [12])
+    r = generate(chain, PROMPT, SamplingParams(grammar=FORCING, temperature=params.temperature, seed=params.seed),
+                 40, rng=np.random.default_rng(params.seed))
+    assert r.finish_reason == "stop" and len(r.token_ids) == 21
+    assert r.cycles <= 5  # a letter, the forced stretch (+ the next letter as the bonus), ...
+    ngram = next(s for s in r.levels if s.name == "ngram")
+    assert ngram.accepted >= 18
+    if params.greedy:
+        assert r.token_ids == _greedy_constrained(target, FORCING, 40)
+
+
+def test_auto_learns_that_forced_drafts_pay_and_takes_them():
+    """The router's shadow scores the forced class against the target's rows even while the
+    target runs alone, so auto moves to the lookup level for forced stretches."""
+    from ..router_synth import linear, make_router
+
+    target = SyntheticBackend("target", vocab=VOCAB, eos_id=EOS, family_seed=FAMILY, latency=linear(0.05, 0.004))
+    router = make_router(target, [], lookup="ngram")
+    long = Grammar("regex", "((a|b)cdecdecdecdecde)+")
+    results = [generate(router.session(), PROMPT, SamplingParams(grammar=long), 120) for _ in range(3)]
+    last = results[-1]
+    forced_blocks = [ks[0] for names, ks in last.chains_used if names[0] == "ngram"]
+    assert forced_blocks, last.chains_used
+    assert last.cycles < len(last.token_ids) / 4  # most of the text came in forced blocks
+    assert last.token_ids == _greedy_constrained(target, long, 120)

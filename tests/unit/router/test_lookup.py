@@ -39,7 +39,8 @@ def test_the_suffix_level_learns_per_match_class_and_drafts_long_blocks():
 def test_an_ngram_router_keeps_its_grid_and_classes():
     router = make_router(repeating_target(), [])
     assert router.lookup == "ngram" and router.lookup_grid == DRAFT_GRID and router.longest == max(DRAFT_GRID)
-    assert router.planner.ngram_keys == [match_key("ngram", n) for n in range(1, 5)]
+    # per match length, and the class of a grammar-forced continuation
+    assert router.planner.ngram_keys == [match_key("ngram", n) for n in range(1, 5)] + [match_key("ngram", "g")]
 
 
 def test_an_unknown_lookup_drafter_is_refused():

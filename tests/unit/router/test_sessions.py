@@ -32,9 +32,9 @@ def test_each_request_files_ngram_acceptance_under_its_own_match_class():
         contexts: list = []
         choose, observe = session.choose, session.acceptance.observe
 
-        def spy_choose(position, room, cached=None, context=None):
+        def spy_choose(position, room, cached=None, context=None, forced=()):
             contexts.append(list(context))
-            return choose(position, room, cached, context)
+            return choose(position, room, cached, context, forced)
 
         def spy_observe(proposer, verifier, proposals, q, p, requested, n_accepted):
             if proposer.startswith(NGRAM_NAME):
