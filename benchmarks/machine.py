@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
 from datetime import datetime, timezone
+from pathlib import Path
 
 
 def cpu_model() -> str:
@@ -17,6 +19,15 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def write_result(out: Path, stem: str, result: dict, md: str) -> None:
+    """A benchmark's result as `stem`.json and its report as `stem`.md in `out` (made if
+    missing); the report is printed too."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    (out / f"{stem}.md").write_text(md)
+    print(md)
 
 
 def machine_info() -> dict:

@@ -15,13 +15,12 @@ time to first token. Writes JSON and markdown to benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.machine import machine_info
+from benchmarks.machine import machine_info, write_result
 from benchmarks.prompts import load
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
@@ -78,12 +77,7 @@ def main() -> None:
     rows = [one_run(pool, share, stream, long) for _ in range(args.repeats) for share in shares]
     pool.close()
     result = {"machine": machine_info(), "prompt_tokens": args.prompt_tokens, "rows": rows}
-    stem = args.stem or f"prefill-stall-{result['machine']['date'][:10]}"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    md = markdown(result)
-    (RESULTS / f"{stem}.md").write_text(md)
-    print(md)
+    write_result(RESULTS, args.stem or f"prefill-stall-{result['machine']['date'][:10]}", result, markdown(result))
 
 
 def markdown(result: dict) -> str:

@@ -21,7 +21,6 @@ cycles that speculated. Writes JSON, a markdown table and a PNG plot to benchmar
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import numpy as np
 from tqdm import tqdm
 
 from benchmarks.args import router_start
-from benchmarks.machine import machine_info
+from benchmarks.machine import machine_info, write_result
 from benchmarks.prompts import load
 from benchmarks.workloads import load as load_workload
 from specrouter.cascade.sampling import SamplingParams
@@ -191,10 +190,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.stem or f"serving-{result['machine']['date'][:10]}"
     plot(result, args.out / f"{stem}.png")
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    md = markdown(result, f"{stem}.png")
-    (args.out / f"{stem}.md").write_text(md)
-    print(md)
+    write_result(args.out, stem, result, markdown(result, f"{stem}.png"))
 
 
 if __name__ == "__main__":

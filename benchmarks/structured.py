@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.machine import machine_info
+from benchmarks.machine import machine_info, write_result
 from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
@@ -127,12 +127,7 @@ def main() -> None:
               "router_dir": "a fresh temporary folder (no saved profile or estimates)",
               "first_token_s": {k: round(v, 3) for k, v in first_token.items()},
               "texts": {k: v["target alone"] for k, v in texts.items()}, "rows": rows, "runs": runs}
-    stem = args.stem or f"structured-{result['machine']['date'][:10]}"
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    md = markdown(result)
-    (RESULTS / f"{stem}.md").write_text(md)
-    print(md)
+    write_result(RESULTS, args.stem or f"structured-{result['machine']['date'][:10]}", result, markdown(result))
 
 
 def markdown(result: dict) -> str:
