@@ -266,13 +266,27 @@ def _summary(r: GenerationResult) -> str:
                                      "(default: none).")
 @click.option("--served-model-name", help="Comma-separated names a request's `model` may use for the target; "
                                           "responses report the first (default: the target's name).")
+@click.option("--ray", "ray_enabled", is_flag=True, default=None,
+              help="Serve through Ray Serve: engine replicas behind one ingress (needs the `ray` extra).")
+@click.option("--ray-address", help="With --ray: join this cluster (auto, or the head's address); default: a local "
+                                    "Ray started and stopped with the server.")
+@click.option("--replicas", type=int, help="With --ray: engine replicas (default 1).")
+@click.option("--min-replicas", type=int, help="With --ray and --max-replicas: autoscale on ongoing requests.")
+@click.option("--max-replicas", type=int, help="With --ray and --min-replicas: autoscale on ongoing requests.")
+@click.option("--target-ongoing-requests", type=float, help="With autoscaling: target ongoing requests per replica "
+                                                            "(default 2).")
+@click.option("--ray-sync-seconds", type=float, help="With --ray: how often replicas share estimates and metrics "
+                                                     "(default 1).")
+@click.option("--affinity-slack", type=int, help="With --ray: ongoing requests a session's replica may carry above "
+                                                 "the least loaded before its requests go elsewhere (default 2).")
 @_profile_option
 @_cache_option
 def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, max_queue,
               max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, memory, memory_tokens,
               max_body_bytes, allowed_hosts, exact, prefill_share, max_prompt_tokens, cors_origins, served_model_name,
-              profile_file, cache_dir) -> None:
-    """Serve the OpenAI-compatible HTTP API (needs the `serve` extra)."""
+              ray_enabled, ray_address, replicas, min_replicas, max_replicas, target_ongoing_requests,
+              ray_sync_seconds, affinity_slack, profile_file, cache_dir) -> None:
+    """Serve the OpenAI-compatible HTTP API (needs the `serve` extra; --ray also the `ray` extra)."""
     try:
         from specrouter.server.config import load_config
         from specrouter.server.run import serve
@@ -289,7 +303,18 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, 
         allowed_hosts=_names(allowed_hosts), exact=exact, prefill_share=prefill_share,
         max_prompt_tokens=max_prompt_tokens, cors_origins=_names(cors_origins),
         served_model_name=_names(served_model_name), profile=profile_file, cache_dir=cache_dir,
+        ray=dict(enabled=ray_enabled, address=ray_address, replicas=replicas, min_replicas=min_replicas,
+                 max_replicas=max_replicas, target_ongoing_requests=target_ongoing_requests,
+                 sync_seconds=ray_sync_seconds, affinity_slack=affinity_slack),
     )
+    if config.ray.enabled:
+        try:
+            from specrouter.fleet.deploy import serve_fleet
+        except ImportError as exc:
+            raise InvalidParameterError(f"`specrouter serve --ray` needs the ray extra (pip install "
+                                        f"'specrouter[ray]'): {exc}") from None
+        serve_fleet(config)
+        return
     serve(config)
 
 

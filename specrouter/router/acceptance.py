@@ -72,7 +72,7 @@ import json
 import math
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -323,10 +323,23 @@ class AcceptanceEstimator:
         f = self.fill_.get((proposer, verifier))
         return f.mean if f and f.count else 1.0
 
-    # Persistence: global estimates survive the process, so the next request starts informed.
+    # Persistence: global estimates survive the process (a file), or are shared by the
+    # replicas of a fleet (specrouter.fleet): both carry snapshot() and take it back with seed().
+    def snapshot(self) -> list[PairEstimate]:
+        """The global estimates with data. Safe to call from another thread than the one
+        observing (the fleet's sync thread): the table is copied in one step."""
+        return [PairEstimate(*k, e.mean, e.count) for k, e in list(self.global_.items()) if e.count]
+
+    def seed(self, estimates: Iterable[PairEstimate]) -> None:
+        """Start the global estimates from what another process learned: each rate as given,
+        its count capped at PERSIST_CAP (so this process's own data can still move it);
+        values out of range are skipped."""
+        for e in estimates:
+            if 0.0 <= e.mean <= 1.0 and e.count > 0:
+                self.global_[(e.mode, e.proposer, e.verifier)] = _seeded(e.mean, min(e.count, PERSIST_CAP))
+
     def save(self, file: Path) -> None:
-        data = {"format": ESTIMATES_FORMAT,
-                "estimates": {"|".join(k): [e.mean, e.count] for k, e in self.global_.items() if e.count}}
+        data = {"format": ESTIMATES_FORMAT, "estimates": {e.key: [e.mean, e.count] for e in self.snapshot()}}
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
             tmp = file.with_name(file.name + ".tmp")
@@ -340,9 +353,23 @@ class AcceptanceEstimator:
             data = json.loads(Path(file).read_text())
             if data.get("format") != ESTIMATES_FORMAT:
                 return  # scored another way (before: every position of a block): start from the priors
-            for key, (mean, count) in data["estimates"].items():
-                mode, proposer, verifier = key.split("|")
-                if 0.0 <= float(mean) <= 1.0 and float(count) > 0:
-                    self.global_[(mode, proposer, verifier)] = _seeded(float(mean), min(float(count), PERSIST_CAP))
+            self.seed([PairEstimate(*key.split("|"), float(mean), float(count))
+                       for key, (mean, count) in data["estimates"].items()])
         except (OSError, ValueError, TypeError, AttributeError, KeyError):
             pass  # absent or damaged: start from the priors
+
+
+@dataclass(frozen=True)
+class PairEstimate:
+    """One global estimate as it leaves the process: the pair's rate under one mode
+    ("greedy" or "sampled") and the scores it rests on."""
+
+    mode: str
+    proposer: str
+    verifier: str
+    mean: float
+    count: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.mode}|{self.proposer}|{self.verifier}"

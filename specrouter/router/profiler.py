@@ -13,13 +13,15 @@ warning.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -312,9 +314,67 @@ def _read_cached(file: Path, key: dict, nested: bool = False) -> dict | None:
     return table
 
 
-def load_or_profile(
+def load_or_profile(backends: Iterable[Backend], directory: Path | None = None, **kw) -> CostProfile:
+    """_load_or_profile (below) under the profile folder's lock (folder_lock): the processes
+    of one machine that start together (a fleet's replicas) measure one at a time, so none
+    times its forwards while another runs its own, and the later ones find the first one's
+    cached profile instead of measuring again."""
+    directory = Path(directory) if directory is not None else default_profile_dir()
+    with folder_lock(directory):
+        return _load_or_profile(backends, directory, **kw)
+
+
+@contextlib.contextmanager
+def folder_lock(directory: Path) -> Iterator[None]:
+    """An exclusive advisory lock (flock) of `directory`, held across processes; none where
+    the folder cannot be written (then nothing is cached there either)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(directory / ".lock", "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def profile_files(directory: Path, backends: Iterable[Backend]) -> dict[str, str]:
+    """The cached profile files of these models (name -> text): what a fleet shares between
+    nodes of one CPU model (specrouter.fleet)."""
+    files = {}
+    for backend in backends:
+        for file in (_cache_file(directory, backend), _cache_file(directory, backend, ".batch")):
+            try:
+                files[file.name] = file.read_text()
+            except OSError:
+                pass
+    return files
+
+
+def install_profiles(directory: Path, files: dict[str, str]) -> list[str]:
+    """Write the files (profile_files() of another node) that this folder lacks; returns their
+    names. Each is still checked against this machine's key when read (_read_cached): one
+    measured elsewhere under another key is measured again here."""
+    written = []
+    with folder_lock(directory):
+        for name, text in files.items():
+            file = directory / Path(name).name  # a bare name: nothing outside the folder
+            if not file.exists():
+                try:
+                    file.write_text(text)
+                    written.append(file.name)
+                except OSError:
+                    pass
+    return written
+
+
+def _load_or_profile(
     backends: Iterable[Backend],
-    directory: Path | None = None,
+    directory: Path,
     repeats: int = PROFILE_REPEATS,
     ns: Sequence[int] = PROFILE_NS,
     force: bool = False,
@@ -333,7 +393,6 @@ def load_or_profile(
     CPU counters when `clock` is the wall clock, nothing for a simulated one), its repeats
     disagree (unsteady) or its curve is not physical (implausible). A cached curve that is
     not physical is measured again."""
-    directory = Path(directory) if directory is not None else default_profile_dir()
     sample = sample or (cpu_sample if clock is time.perf_counter else _no_sample)
     profile = CostProfile()
     todo, todo_batch = [], []

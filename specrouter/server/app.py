@@ -10,6 +10,7 @@ cancels its sequence, which frees the sequence's KV state at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -43,7 +44,8 @@ from specrouter.errors import (BackendError, ChatTemplateError, InvalidChainErro
 from specrouter.server import schemas as s
 from specrouter.server.config import ServeConfig
 from specrouter.server.guard import RequestGuard, default_allowed_hosts
-from specrouter.server.service import Handle, QueueFullError, RequestTimeoutError, Service, ServiceStoppedError
+from specrouter.server.service import (ChoiceHandle, QueueFullError, ReplicaLostError, RequestTimeoutError, Serving,
+                                       ServiceStoppedError, interleave)
 from specrouter.server.tools import ToolCall, ToolCallStream, forced_calls, parse_tool_calls
 
 
@@ -68,6 +70,8 @@ def _from_exception(exc: Exception) -> APIError:
         return exc
     if isinstance(exc, QueueFullError):
         return APIError(429, str(exc), "rate_limit_error", code="queue_full")
+    if isinstance(exc, ReplicaLostError):
+        return APIError(503, str(exc), "service_unavailable", code="replica_lost")
     if isinstance(exc, ServiceStoppedError):
         return APIError(503, str(exc), "service_unavailable", code="shutting_down")
     if isinstance(exc, RequestTimeoutError):
@@ -79,6 +83,11 @@ def _from_exception(exc: Exception) -> APIError:
     log.error("request failed", exc_info=exc)  # the details go to the log, never to the client
     return APIError(500, "internal error (the server's log has the details)", "server_error")
 
+
+#: The header that names a client's session (a conversation): with a fleet, the session's
+#: requests prefer one replica (specrouter/fleet/affinity.py). Without it the body's
+#: `prompt_cache_key` (OpenAI's routing hint for prompts that share a prefix), else `user`.
+SESSION_HEADER = "X-Session-ID"
 
 #: Seconds a client is told to wait before retrying a 429 (queue full) or a 503 (shutting down).
 RETRY_AFTER = 1
@@ -129,7 +138,7 @@ _MIN_TEMPERATURE = 1e-5
 _ERRORS = {code: {"model": s.ErrorResponse} for code in (400, 401, 404, 429, 503, 504)}
 
 
-def create_app(service: Service, config: ServeConfig) -> FastAPI:
+def create_app(service: Serving, config: ServeConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         service.start()
@@ -188,8 +197,10 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
         if grammar is not None:  # the grammar's vocabulary is built once, here rather than in the scheduler's step
             await asyncio.to_thread(grammar_vocabulary, service.target)
         creds = await bearer(request)
+        session = request.headers.get(SESSION_HEADER) or body.prompt_cache_key or body.user
         handles = await service.submit(_seq_request(body, tokens, max_tokens, speculation,
-                                                     memory_scope(body, creds), logprobs, grammar), body.n)
+                                                     memory_scope(body, creds), logprobs, grammar), body.n,
+                                       affinity=session)
         ident, created = f"{prefix}-{handles[0].id}", int(time.time())
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -273,7 +284,7 @@ def create_app(service: Service, config: ServeConfig) -> FastAPI:
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
     async def metrics() -> Response:
-        return Response(service.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        return Response(await service.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
@@ -383,7 +394,7 @@ def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: li
                       memory=memory, logprobs=logprobs)
 
 
-async def _results_unless_disconnected(handles: list[Handle], request: Request) -> list[GenerationResult] | None:
+async def _results_unless_disconnected(handles: list[ChoiceHandle], request: Request) -> list[GenerationResult] | None:
     """The choices' results, or None (and the sequences cancelled) if the client left first;
     one choice's error cancels the others and is raised."""
     tasks = [asyncio.ensure_future(h.result()) for h in handles]
@@ -415,44 +426,21 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-_END = object()
-
-
 async def _merged(streams: list[AsyncIterator], usage=None) -> AsyncIterator[BaseModel]:
     """The chunks of every choice's stream as they come (each stream yields its chunks, then
     its GenerationResult), then usage(results) when given. One stream's error ends it all."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(stream: AsyncIterator) -> None:
-        try:
-            async for item in stream:
-                await queue.put(item)
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            await queue.put(exc)
-        await queue.put(_END)
-
-    tasks = [asyncio.ensure_future(pump(stream)) for stream in streams]
     results: list[GenerationResult] = []
-    try:
-        ended = 0
-        while ended < len(tasks):
-            item = await queue.get()
-            if item is _END:
-                ended += 1
-            elif isinstance(item, Exception):
-                raise item
-            elif isinstance(item, GenerationResult):
+    async with contextlib.aclosing(interleave(streams)) as items:  # closed with this stream: the pumps end
+        async for _, item in items:
+            if isinstance(item, GenerationResult):
                 results.append(item)
             else:
                 yield item
-        if usage is not None:
-            yield usage(results)
-    finally:
-        for task in tasks:
-            task.cancel()
+    if usage is not None:
+        yield usage(results)
 
 
-def _sse(handles: list[Handle], chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
+def _sse(handles: list[ChoiceHandle], chunks: AsyncIterator[BaseModel]) -> StreamingResponse:
     async def body() -> AsyncIterator[str]:
         try:
             async for chunk in chunks:
@@ -469,7 +457,7 @@ def _sse(handles: list[Handle], chunks: AsyncIterator[BaseModel]) -> StreamingRe
     return StreamingResponse(body(), media_type="text/event-stream", background=BackgroundTask(cancel))
 
 
-async def _completion_chunks(handle: Handle, ident: str, created: int, model: str, index: int,
+async def _completion_chunks(handle: ChoiceHandle, ident: str, created: int, model: str, index: int,
                              texts: s.TokenText | None) -> AsyncIterator[s.Completion | GenerationResult]:
     """Choice `index`'s chunks, then its result (for the usage chunk). texts: None when the
     request asked for no logprobs."""
@@ -489,8 +477,8 @@ async def _completion_chunks(handle: Handle, ident: str, created: int, model: st
             yield item
 
 
-async def _chat_chunks(handle: Handle, ident: str, created: int, model: str, index: int, texts: s.TokenText | None,
-                       tool_use: ToolUse | None = None) -> AsyncIterator[s.ChatCompletionChunk | GenerationResult]:
+async def _chat_chunks(handle: ChoiceHandle, ident: str, created: int, model: str, index: int,
+                       texts: s.TokenText | None, tool_use: ToolUse | None = None) -> AsyncIterator[s.ChatCompletionChunk | GenerationResult]:
     """Choice `index`'s chunks, then its result (for the usage chunk). texts: None when the
     request asked for no logprobs. With tools, text is passed on until a tool call may start
     (ToolCallStream); the calls come in one chunk at the end."""

@@ -22,6 +22,32 @@ from specrouter.errors import InvalidParameterError
 DEFAULT_MODELS = ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 
 
+class RayConfig(BaseModel):
+    """The `[ray]` table: serving through Ray Serve (specrouter.fleet)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="serve through Ray Serve: engine replicas behind one ingress")
+    address: str | None = Field(None, description="join this Ray cluster (auto, or the head's address); default: "
+                                                  "a local Ray instance started and stopped with the server")
+    replicas: int = Field(1, ge=1, description="engine replicas (each loads the pool and runs its own scheduler)")
+    min_replicas: int | None = Field(None, ge=1, description="with max_replicas: autoscale on ongoing requests")
+    max_replicas: int | None = Field(None, ge=1, description="with min_replicas: autoscale on ongoing requests")
+    target_ongoing_requests: float = Field(2.0, gt=0, description="autoscaling's target of ongoing requests per "
+                                                                   "replica")
+    sync_seconds: float = Field(1.0, gt=0, description="how often a replica shares its router estimates and metrics")
+    affinity_slack: int = Field(2, ge=0, description="ongoing requests a session's replica may carry above the least "
+                                                     "loaded before the session's request goes elsewhere")
+
+    @model_validator(mode="after")
+    def _check(self) -> RayConfig:
+        if (self.min_replicas is None) != (self.max_replicas is None):
+            raise ValueError("min_replicas and max_replicas go together (autoscaling)")
+        if self.min_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} exceeds max_replicas {self.max_replicas}")
+        return self
+
+
 class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -70,6 +96,7 @@ class ServeConfig(BaseModel):
     served_model_name: list[str] | None = Field(None, min_length=1, description="names a request's `model` may use "
                                                                                "for the target; responses report the "
                                                                                "first (default: the target's name)")
+    ray: RayConfig = Field(default_factory=RayConfig, description="serving through Ray Serve (`serve --ray`)")
     memory_tokens: int = Field(DEFAULT_BUDGET, description="tokens the memory keeps (~24-32 bytes each, allocated "
                                                            "at start); the oldest are evicted")
 
@@ -120,14 +147,19 @@ class ServeConfig(BaseModel):
 
 
 def load_config(path: Path | None = None, **overrides: Any) -> ServeConfig:
-    """The file's values, then every override that is not None; errors name the field."""
+    """The file's values, then every override that is not None (`ray`: a dict of the [ray]
+    table's fields); errors name the field."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
             data = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise InvalidParameterError(f"cannot read the config file {path}: {exc}") from None
+    ray = overrides.pop("ray", None) or {}
     data.update({k: v for k, v in overrides.items() if v is not None})
+    if any(v is not None for v in ray.values()):  # flags override the file's [ray] table field by field
+        table = data.get("ray") if isinstance(data.get("ray"), dict) else {}
+        data["ray"] = {**table, **{k: v for k, v in ray.items() if v is not None}}
     try:
         return ServeConfig.model_validate(data)
     except ValidationError as exc:

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 import click
 
+from specrouter.backends.base import Backend
 from specrouter.engine.batch import BatchScheduler, pool_planner
 from specrouter.pool import Pool
+from specrouter.router import Router, auto_router
 from specrouter.server.config import ServeConfig
+from specrouter.server.service import Service
 
 
-def serve(config: ServeConfig) -> None:
-    import uvicorn  # the serve extra: imported only by this command
+@dataclass
+class Engine:
+    """One server's engine: the service (scheduler and worker, not started), the router that
+    `auto` uses (what it learned is saved or shared), and the served target."""
 
-    from specrouter.router import auto_router
-    from specrouter.server.app import create_app
-    from specrouter.server.drain import FLUSH_SECONDS, DrainingServer
-    from specrouter.server.service import Service
+    service: Service
+    router: Router
+    target: Backend
 
+
+@contextmanager
+def build_engine(config: ServeConfig) -> Iterator[Engine]:
+    """The pool, its router and the scheduler as `config` says; the models close on exit."""
     # One KV slot per model for every sequence that can run at once.
     pool = Pool(cache_dir=config.cache_dir, n_ctx=config.n_ctx, n_threads=config.threads,
                 n_seq_max=config.max_batch, device=config.device, exact=config.exact)
@@ -31,8 +43,21 @@ def serve(config: ServeConfig) -> None:
         plan = pool_planner(pool, config.served, router, default)
         scheduler = BatchScheduler(plan, config.max_batch, stall_seconds=config.stall_seconds or None,
                                    prefill_share=config.prefill_share or None)
-        service = Service(scheduler, pool.level(config.served), config.levels,
-                          config.max_queue, config.request_timeout or None)
+        target = pool.model(config.served)
+        yield Engine(Service(scheduler, target, config.levels, config.max_queue, config.request_timeout or None),
+                     router, target)
+    finally:
+        pool.close()
+
+
+def serve(config: ServeConfig) -> None:
+    import uvicorn  # the serve extra: imported only by this command
+
+    from specrouter.server.app import create_app
+    from specrouter.server.drain import FLUSH_SECONDS, DrainingServer
+
+    with build_engine(config) as engine:
+        service = engine.service
         try:
             app = create_app(service, config)
             uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port,
@@ -40,6 +65,4 @@ def serve(config: ServeConfig) -> None:
             DrainingServer(uvicorn_config, service, config.shutdown_timeout).run()
         finally:
             service.stop()  # a forced exit skips the app's shutdown: the worker must end before the models close
-        router.save_estimates()  # what this run learned about acceptance informs the next one
-    finally:
-        pool.close()
+        engine.router.save_estimates()  # what this run learned about acceptance informs the next one

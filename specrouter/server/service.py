@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, TypeVar
 
 from specrouter.backends.base import Backend
 from specrouter.engine.batch import BatchScheduler, Delta, Event, Failed, Finished, SeqRequest
@@ -25,6 +26,7 @@ from specrouter.errors import SpecRouterError
 from specrouter.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class QueueFullError(SpecRouterError):
@@ -35,8 +37,48 @@ class ServiceStoppedError(SpecRouterError):
     """The server is shutting down."""
 
 
+class ReplicaLostError(ServiceStoppedError):
+    """The engine replica running the request stopped (died, or was taken down) before it
+    finished (a fleet: specrouter/fleet/remote.py)."""
+
+
 class RequestTimeoutError(SpecRouterError):
     """The request ran longer than request_timeout and was cancelled."""
+
+
+class ChoiceHandle(Protocol):
+    """One admitted choice of a request, on the event loop (Handle here; RemoteHandle for a fleet)."""
+
+    id: str
+
+    def events(self) -> AsyncIterator[Delta | GenerationResult]:
+        """Deltas, then the result; raises the request's error."""
+
+    async def result(self) -> GenerationResult: ...
+
+    def cancel(self) -> None:
+        """Stop the choice unless it already ended (idempotent)."""
+
+
+class Serving(Protocol):
+    """What the HTTP app (app.py) serves from: a Service here, or a fleet's RemoteService
+    (specrouter/fleet/remote.py) whose requests run on Ray Serve replicas."""
+
+    target: Backend  # the served model's vocabulary: tokenizer, chat template, context size
+    model_name: str
+    levels: list[str]  # names a request's speculation chain may use
+    created: int
+
+    @property
+    def alive(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    async def submit(self, request: SeqRequest, n: int = 1, affinity: str | None = None) -> list[ChoiceHandle]: ...
+
+    async def exposition(self) -> bytes: ...
 
 
 class Service:
@@ -77,12 +119,15 @@ class Service:
         """Requests the scheduler still holds (waiting or running): 0 when idle, else a leak."""
         return len(self._handles)
 
-    async def submit(self, request: SeqRequest, n: int = 1) -> list[Handle]:
+    async def submit(self, request: SeqRequest, n: int = 1, affinity: str | None = None) -> list[Handle]:
         """Queue a request's n choices, all or none: choice i is its own sequence with its own
         random stream, and the later ones take the first's prompt KV (SeqRequest.shares_prompt_with).
         They are added in one go, before the scheduler steps again (so the first cannot have
         finished and freed its prompt's cells first). Raises the admission error (bad input,
-        QueueFullError, ServiceStoppedError); then none of them runs."""
+        QueueFullError, ServiceStoppedError); then none of them runs. `affinity` (a session
+        key) places a request among a fleet's replicas (specrouter.fleet); one process has
+        one place for all."""
+        del affinity
         assert self._loop is not None, "Service.start() was not called"
         handles = [Handle(self, uuid.uuid4().hex, self._loop) for _ in range(n)]
         requests = [dataclasses.replace(request, choice=i, shares_prompt_with=handles[0].id if i else None)
@@ -124,6 +169,10 @@ class Service:
             self._post(("end_all",))
             while self._handles and self._worker_alive:
                 await asyncio.sleep(poll)
+
+    async def exposition(self) -> bytes:
+        """The Prometheus metrics (text format)."""
+        return self.metrics.exposition()
 
     def stop(self) -> None:
         """Cancel whatever is still running and end the worker (blocking: call it off the loop)."""
@@ -252,6 +301,48 @@ def _deliver(deliveries: list[tuple[Handle, Event]]) -> None:
         handle.queue.put_nowait(event)
 
 
+async def final_result(events: AsyncIterator[Delta | GenerationResult]) -> GenerationResult:
+    """The result that ends a choice's events (its deltas skipped); raises the choice's error."""
+    async for item in events:
+        if isinstance(item, GenerationResult):
+            return item
+    raise AssertionError("the events ended without a result")
+
+
+_END = object()
+
+
+async def interleave(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """(index of the stream, item) for every item of the streams, as they come (one task per
+    stream); the first error of any stream is raised and ends it all (the others are
+    cancelled). A request's choices travel this way to its response, and on a fleet's
+    replica to the ingress."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                await queue.put((index, item))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            await queue.put(exc)
+        await queue.put(_END)
+
+    tasks = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        ended = 0
+        while ended < len(tasks):
+            item = await queue.get()
+            if item is _END:
+                ended += 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 class Handle:
     """One admitted request, on the event loop: its events, its deadline, its cancel."""
 
@@ -298,10 +389,7 @@ class Handle:
                 raise event.error
 
     async def result(self) -> GenerationResult:
-        async for item in self.events():
-            if isinstance(item, GenerationResult):
-                return item
-        raise AssertionError("events() ended without a result")
+        return await final_result(self.events())
 
     def cancel(self) -> None:
         """Free the sequence unless it already ended (idempotent)."""

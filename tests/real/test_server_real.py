@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -25,29 +26,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(pool):
-    port = free_port()
-    # The test pool's context and slots, so that the target alone evaluates exactly as in the references.
-    proc = subprocess.Popen([CLI, "serve", "--port", str(port), "--n-ctx", "2048", "--max-batch", "4"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> None:
+    """Until `url`/health answers 200; fails with the server's output if it exits first."""
+    deadline = time.monotonic() + timeout
     while True:
         assert proc.poll() is None, proc.stdout.read()
         try:
             if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.ConnectError:
+                return
+        except httpx.HTTPError:
             pass
         assert time.monotonic() < deadline, "the server did not come up"
         time.sleep(0.5)
+
+
+@contextmanager
+def serving(args: list[str], timeout: float, stop: signal.Signals = signal.SIGINT):
+    """`specrouter serve --port P *args` until it is healthy (at most `timeout` s); yields
+    (base url, process, openai client); stopped with `stop` unless a test ended it."""
+    port = free_port()
+    proc = subprocess.Popen([CLI, "serve", "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(proc, url, timeout)
     client = openai.OpenAI(api_key="unused", base_url=url + "/v1", max_retries=0, timeout=300)
-    yield url, proc, client
-    client.close()
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
+    try:
+        yield url, proc, client
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.send_signal(stop)
+            proc.wait(timeout=180)
+
+
+@pytest.fixture(scope="module")
+def server(pool):
+    # The test pool's context and slots, so that the target alone evaluates exactly as in the references.
+    with serving(["--n-ctx", "2048", "--max-batch", "4"], 300) as running:
+        yield running
 
 
 def test_serves_the_default_target(server):

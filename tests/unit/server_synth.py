@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import uvicorn
 
@@ -27,6 +28,7 @@ from specrouter.errors import UnknownModelError
 from specrouter.server.app import create_app
 from specrouter.server.config import ServeConfig
 from specrouter.server.drain import DrainingServer
+from specrouter.server.run import Engine
 from specrouter.server.service import Service
 
 from .router_synth import linear, make_router
@@ -60,19 +62,54 @@ class SynthPool:
         return Chain(levels, list(draft_lengths) if draft_lengths is not None else [4] * (len(levels) - 1))
 
 
+def build_engine(sleep: bool = False, max_batch: int = 4, max_queue: int = 16,
+                 request_timeout: float | None = None, memory: SuffixMemory | None = None, n_ctx: int = N_CTX,
+                 prefill_share: float | None = PREFILL_SHARE) -> tuple[Engine, list[SyntheticBackend]]:
+    """The synthetic family as `specrouter serve` builds a pool (server/run.Engine): the
+    service, the router `auto` uses (with a memory, over the suffix lookup reading it; else the
+    n-gram) and the target."""
+    models = family(sleep, n_ctx)
+    small, mid, target = models
+    lookup = "ngram" if memory is None else "suffix"
+    router = make_router(target, [small, mid], lookup=lookup, memory=memory)
+    plan = pool_planner(SynthPool(models), MODEL, router, Speculation())
+    service = Service(BatchScheduler(plan, max_batch, prefill_share=prefill_share), target, LEVELS, max_queue,
+                      request_timeout)
+    return Engine(service, router, target), models
+
+
 def build_service(sleep: bool = False, max_batch: int = 4, max_queue: int = 16,
                   request_timeout: float | None = None, routed: bool = True,
                   memory: SuffixMemory | None = None, n_ctx: int = N_CTX,
                   prefill_share: float | None = PREFILL_SHARE) -> tuple[Service, list[SyntheticBackend]]:
-    """With a memory, `auto` routes the suffix lookup reading it (else the n-gram)."""
+    """With a memory, `auto` routes the suffix lookup reading it (else the n-gram); routed=False:
+    no router (a request's `auto` runs the target alone)."""
+    if routed:
+        engine, models = build_engine(sleep, max_batch, max_queue, request_timeout, memory, n_ctx, prefill_share)
+        return engine.service, models
     models = family(sleep, n_ctx)
-    small, mid, target = models
-    lookup = "ngram" if memory is None else "suffix"
-    router = make_router(target, [small, mid], lookup=lookup, memory=memory) if routed else None
-    plan = pool_planner(SynthPool(models), MODEL, router, Speculation())
-    service = Service(BatchScheduler(plan, max_batch, prefill_share=prefill_share), target, LEVELS, max_queue,
+    plan = pool_planner(SynthPool(models), MODEL, None, Speculation())
+    service = Service(BatchScheduler(plan, max_batch, prefill_share=prefill_share), models[2], LEVELS, max_queue,
                       request_timeout)
     return service, models
+
+
+@dataclass
+class SynthBuild:
+    """A fleet's EngineBuild (specrouter/fleet/replica.py) over the synthetic family: every
+    replica builds its own models (sleep=True: their simulated costs in wall time)."""
+
+    config: ServeConfig = field(default_factory=lambda: ServeConfig(models=MODELS))
+    sleep: bool = False
+    max_queue: int = 16
+
+    @contextmanager
+    def engine(self) -> Iterator[Engine]:
+        engine, _ = build_engine(self.sleep, max_batch=self.config.max_batch, max_queue=self.max_queue)
+        yield engine
+
+    def vocabulary(self) -> SyntheticBackend:
+        return family()[2]
 
 
 def reference_text(prompt: str | None = None, max_tokens: int = 16, messages: list | None = None) -> str:

@@ -206,3 +206,33 @@ def test_exact_kernels_keep_a_profile_of_their_own(tmp_path):
     calls = default.decode_calls
     again = load_or_profile([default], folder, repeats=1, progress=False, clock=lambda: default.simulated_seconds)
     assert default.decode_calls == calls and again.seconds("m", 1) == first.seconds("m", 1)
+
+
+def test_a_profile_measured_on_one_node_is_installed_on_another_only_where_missing(tmp_path):
+    import threading
+
+    from specrouter.router.profiler import folder_lock, install_profiles, profile_files
+
+    m = SyntheticBackend("m", latency=linear(0.01, 0.002))
+    first = tmp_path / "node-a"
+    load_or_profile([m], first, repeats=1, progress=False, clock=lambda: m.simulated_seconds)
+    files = profile_files(first, [m])
+    assert sorted(files) == ["m.batch.json", "m.json"]
+    other = tmp_path / "node-b"
+    other.mkdir()
+    (other / "m.json").write_text("its own")
+    assert install_profiles(other, {**files, "../escape.json": "x"}) == ["m.batch.json", "escape.json"]
+    assert (other / "m.json").read_text() == "its own" and not (tmp_path / "escape.json").exists()
+    # A second process's measurement waits for the first's (the folder lock).
+    entered = threading.Event()
+
+    def take() -> None:
+        with folder_lock(first):
+            entered.set()
+
+    with folder_lock(first):
+        t = threading.Thread(target=take)
+        t.start()
+        assert not entered.wait(0.3)
+    assert entered.wait(5)
+    t.join()

@@ -104,3 +104,48 @@ def test_serve_with_a_bad_flag_exits_2_with_one_line(served):
     result = CliRunner().invoke(main, ["serve", "--max-queue", "-1"])
     assert result.exit_code == 2 and not served
     assert result.output.startswith("error: invalid server configuration: max_queue")
+
+
+RAY_TOML = """
+port = 9000
+[ray]
+enabled = true
+replicas = 3
+affinity_slack = 1
+"""
+
+
+def test_the_ray_table_and_its_flags_field_by_field(tmp_path):
+    path = tmp_path / "serve.toml"
+    path.write_text(RAY_TOML)
+    c = load_config(path, ray={"replicas": 2, "address": "auto", "sync_seconds": None})
+    assert (c.ray.enabled, c.ray.replicas, c.ray.address, c.ray.affinity_slack, c.ray.sync_seconds) == (
+        True, 2, "auto", 1, 1.0)
+    assert load_config().ray.enabled is False
+
+
+@pytest.mark.parametrize("table,message", [
+    ({"min_replicas": 1}, "min_replicas and max_replicas go together"),
+    ({"min_replicas": 3, "max_replicas": 2}, "min_replicas 3 exceeds max_replicas 2"),
+    ({"replicas": 0}, "ray.replicas: Input should be greater than or equal to 1"),
+    ({"sync_seconds": 0}, "ray.sync_seconds: Input should be greater than 0"),
+    ({"colour": "red"}, "ray.colour: Extra inputs are not permitted"),
+])
+def test_bad_ray_values_name_the_field(table, message):
+    with pytest.raises(InvalidParameterError, match="invalid server configuration") as info:
+        load_config(ray=table)
+    assert message in str(info.value)
+
+
+def test_serve_ray_flags_reach_the_fleet(monkeypatch):
+    from specrouter.fleet import deploy
+
+    seen: list[ServeConfig] = []
+    monkeypatch.setattr(deploy, "serve_fleet", seen.append)
+    args = ["serve", "--ray", "--min-replicas", "1", "--max-replicas", "4", "--ray-address", "auto",
+            "--affinity-slack", "0", "--ray-sync-seconds", "0.5", "--target-ongoing-requests", "3"]
+    result = CliRunner().invoke(main, args, env={"SPECROUTER_API_KEY": None})
+    assert result.exit_code == 0, result.output
+    (c,) = seen
+    assert (c.ray.enabled, c.ray.min_replicas, c.ray.max_replicas, c.ray.address, c.ray.affinity_slack,
+            c.ray.sync_seconds, c.ray.target_ongoing_requests) == (True, 1, 4, "auto", 0, 0.5, 3.0)

@@ -1,0 +1,233 @@
+"""`specrouter serve --ray`: the server as a Ray Serve application.
+
+Shape: one ingress deployment runs the single-process server's HTTP app (server/app.py,
+unchanged: routes, streaming, errors, API key, limits) over a RemoteService; N EngineReplica
+replicas each own a pool, a router and a BatchScheduler with its worker thread, exactly as
+`specrouter serve` does. A request is checked and tokenized in the ingress, then runs on one
+replica as one stream (all its choices), routed by AffinityRouter. An actor, the fleet
+(FleetKnowledge), pools what the replicas learn: each pushes a Report every
+sync_seconds and a starting replica seeds its router from the pooled estimates. The
+driver seeds the fleet from its saved estimates and saves the pooled ones on exit, as the
+single-process server does.
+
+Faults: a replica that dies mid-request ends its requests with ReplicaLostError (remote.py);
+Ray Serve restarts it (its health check also fails when its scheduler's worker died); a
+replica whose node lacks a model file fails to start with an error naming the node and file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import AsyncIterator
+
+import click
+import ray
+from ray import serve
+from ray.serve.config import AutoscalingConfig, RequestRouterConfig
+from ray.serve.handle import DeploymentHandle
+
+from specrouter.cascade.grammar import prepare as grammar_vocabulary
+from specrouter.engine.batch import SeqRequest
+from specrouter.errors import SpecRouterError
+from specrouter.fleet.affinity import AffinityRouter
+from specrouter.fleet.knowledge import FleetKnowledge, Report
+from specrouter.fleet.metrics import fleet_exposition
+from specrouter.fleet.remote import Admitted, ChoiceItem, RemoteService
+from specrouter.fleet.replica import EngineBuild, PoolBuild
+from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.profiler import cpu_model, default_profile_dir, install_profiles, profile_files
+from specrouter.router.store import RouterStore
+from specrouter.server.app import create_app
+from specrouter.server.config import ServeConfig
+from specrouter.server.run import Engine
+from specrouter.server.service import interleave
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "specrouter"
+#: Reports a replica may miss before the fleet stops counting it as live.
+STALE_REPORTS = 3
+
+
+class ReplicaStartError(SpecRouterError):
+    """A replica could not build its engine (a model file missing on its node, ...)."""
+
+
+FleetActor = ray.remote(num_cpus=0)(FleetKnowledge)
+
+
+class EngineReplica:
+    """One replica: an engine as `specrouter serve` builds it, serving request streams."""
+
+    async def __init__(self, build: EngineBuild, fleet: ray.actor.ActorHandle, sync_seconds: float) -> None:
+        self.name = serve.get_replica_context().replica_id.unique_id
+        self._node = ray.get_runtime_context().get_node_id()
+        self._stack = contextlib.ExitStack()
+        self._stopped = threading.Event()
+        self.engine: Engine | None = None
+        profiles, cpu = default_profile_dir(), cpu_model()
+        install_profiles(profiles, await fleet.profiles.remote(cpu))
+        try:
+            self.engine = self._stack.enter_context(build.engine())
+        except SpecRouterError as exc:
+            raise ReplicaStartError(f"replica {self.name} on node {ray.util.get_node_ip_address()} "
+                                    f"(id {self._node}) cannot start: {exc}") from None
+        await fleet.add_profiles.remote(cpu, profile_files(profiles, self.engine.router.models))
+        self.engine.router.acceptance.seed(await fleet.priors.remote())
+        self.engine.service.start()
+        self._fleet, self._sync = fleet, sync_seconds
+        self._reporter = threading.Thread(target=self._report_loop, name="specrouter-report", daemon=True)
+        self._reporter.start()
+
+    def report(self) -> Report:
+        service = self.engine.service
+        return Report(self.name, self._node, self.engine.router.acceptance.snapshot(),
+                      service.metrics.exposition(), service.alive)
+
+    def _report_loop(self) -> None:
+        while True:
+            try:
+                ray.get(self._fleet.push.remote(self.report()))
+            except Exception:  # noqa: BLE001 - the fleet is unreachable for now: the next period retries
+                log.warning("replica %s could not report to the fleet", self.name, exc_info=True)
+            if self._stopped.wait(self._sync):
+                return
+
+    async def generate(self, request: SeqRequest, n: int = 1,
+                       affinity: str | None = None) -> AsyncIterator[Admitted | ChoiceItem]:
+        """Admitted once the service took the request's n choices (its admission error is
+        raised instead), then each choice's deltas and result as they come. Cancelled (the
+        ingress closed the stream: its client left), the choices are cancelled here."""
+        del affinity  # read by AffinityRouter from the call's arguments, before the request got here
+        if request.params.grammar is not None:  # built once per replica, off the scheduler's thread
+            await asyncio.to_thread(grammar_vocabulary, self.engine.target)
+        handles = await self.engine.service.submit(request, n)
+        try:
+            yield Admitted()
+            async with contextlib.aclosing(interleave([h.events() for h in handles])) as items:
+                async for index, item in items:  # one choice's error ends the stream: the ingress fails the others
+                    yield ChoiceItem(index, item)
+        finally:
+            for handle in handles:
+                handle.cancel()
+
+    def check_health(self) -> None:
+        """Ray Serve's periodic check: a replica whose scheduler worker died is restarted."""
+        if not self.engine.service.alive:
+            raise RuntimeError(f"replica {self.name}: the scheduler's worker is not running")
+
+    def __del__(self) -> None:
+        self._stopped.set()
+        if self.engine is not None:
+            self.engine.service.stop()  # the worker ends before the models close
+        self._stack.close()
+
+
+@serve.ingress()
+class Ingress:
+    """The HTTP app of `specrouter serve` over the engine replicas."""
+
+    def __init__(self, build: EngineBuild, engine: DeploymentHandle, fleet: ray.actor.ActorHandle,
+                 sync_seconds: float) -> None:
+        self._build, self._engine, self._fleet, self._sync = build, engine, fleet, sync_seconds
+
+    def __serve_build_asgi_app__(self):
+        engine, fleet = self._engine.options(stream=True), self._fleet
+
+        def open_stream(request: SeqRequest, n: int, affinity: str | None):
+            return engine.generate.remote(request, n, affinity=affinity)
+
+        async def serving() -> int:
+            return await fleet.serving.remote()
+
+        async def exposition() -> bytes:
+            return fleet_exposition(await fleet.live.remote())
+
+        service = RemoteService(self._build.vocabulary(), self._build.config.levels, open_stream, serving,
+                                exposition, poll_seconds=self._sync)
+        return create_app(service, self._build.config)
+
+
+def fleet_application(build: EngineBuild, fleet: ray.actor.ActorHandle):
+    """The Ray Serve application (bound deployments) for `build.config`'s [ray] table."""
+    config, table = build.config, build.config.ray
+    options = dict(ray_actor_options={"num_cpus": config.threads or 1},
+                   # The replica's own queue answers 429 first (Service.max_queue), so Ray never
+                   # holds more than a replica admits.
+                   max_ongoing_requests=config.max_batch + config.max_queue + 1,
+                   request_router_config=RequestRouterConfig(request_router_class=AffinityRouter,
+                                                             request_router_kwargs={"slack": table.affinity_slack}))
+    if table.min_replicas is not None:
+        options["autoscaling_config"] = AutoscalingConfig(min_replicas=table.min_replicas,
+                                                          max_replicas=table.max_replicas,
+                                                          target_ongoing_requests=table.target_ongoing_requests)
+    else:
+        options["num_replicas"] = table.replicas
+    engine = serve.deployment(EngineReplica, name="EngineReplica", **options).bind(build, fleet, table.sync_seconds)
+    ingress = serve.deployment(Ingress, name="Ingress", ray_actor_options={"num_cpus": 0},
+                               max_ongoing_requests=10_000)
+    return ingress.bind(build, engine, fleet, table.sync_seconds)
+
+
+class FleetStartError(SpecRouterError):
+    """The application did not deploy; the message has each failing deployment's reason."""
+
+
+def start_fleet(build: EngineBuild, store: RouterStore | None = None, name: str = APP_NAME,
+                route_prefix: str = "/") -> ray.actor.ActorHandle:
+    """Deploy on the connected Ray cluster (serve.start already called): the fleet actor,
+    seeded from `store`'s saved estimates, then the application; returns the fleet. Raises
+    FleetStartError with the replicas' own errors (e.g. a model file missing on a node)."""
+    seed = AcceptanceEstimator()
+    if store is not None:
+        seed.load(store.estimates_file)
+    fleet = FleetActor.remote(seed.snapshot(), STALE_REPORTS * build.config.ray.sync_seconds)
+    try:
+        serve.run(fleet_application(build, fleet), name=name, route_prefix=route_prefix, blocking=False)
+    except RuntimeError as exc:  # Ray Serve says only which deployments failed; their status says why
+        status = serve.status().applications.get(name)
+        reasons = [f"{d}: {s.message}" for d, s in (status.deployments.items() if status else ()) if s.message]
+        serve.delete(name)
+        ray.kill(fleet)
+        raise FleetStartError(f"{exc}\n" + "\n".join(reasons)) from None
+    return fleet
+
+
+def save_fleet(fleet: ray.actor.ActorHandle, store: RouterStore) -> None:
+    """The pooled estimates into `store` (what the next run, fleet or not, starts from)."""
+    estimates = AcceptanceEstimator()
+    estimates.seed(ray.get(fleet.priors.remote()))
+    estimates.save(store.estimates_file)
+
+
+def serve_fleet(config: ServeConfig) -> None:
+    """Run until SIGINT or SIGTERM: connect to (or start) Ray, deploy, then take it down.
+    A local Ray instance gets at least the CPUs the replicas ask for (threads x replicas:
+    more than the machine has oversubscribes its cores, as the user asked, instead of
+    leaving replicas unscheduled forever)."""
+    local = {}
+    if config.ray.address is None:
+        table = config.ray
+        local["num_cpus"] = max(os.cpu_count() or 1, (config.threads or 1) * (table.max_replicas or table.replicas))
+    ray.init(address=config.ray.address, include_dashboard=False, log_to_driver=False, **local)
+    try:
+        serve.start(http_options={"host": config.host, "port": config.port})
+        store = RouterStore(default_profile_dir())
+        fleet = start_fleet(PoolBuild(config), store)
+        click.echo(f"serving on http://{config.host}:{config.port} through Ray Serve "
+                   f"({config.ray.replicas if config.ray.min_replicas is None else 'autoscaled'} replicas)", err=True)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+        save_fleet(fleet, store)
+        serve.delete(APP_NAME)
+        if config.ray.address is None:
+            serve.shutdown()
+    finally:
+        ray.shutdown()

@@ -1,0 +1,25 @@
+"""A Ray connection for the fleet tests: the checkout on the replicas' path (they import the
+tests' synthetic build), and Serve's HTTP proxy on a free loopback port."""
+
+import socket
+from pathlib import Path
+
+import ray
+from ray import serve
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def connect(**init) -> str:
+    """ray.init(**init) with the checkout on the workers' path, then Serve on a free port;
+    returns the base URL."""
+    ray.init(log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, **init)
+    port = free_port()
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    return f"http://127.0.0.1:{port}"

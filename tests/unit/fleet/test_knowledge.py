@@ -1,0 +1,119 @@
+"""The fleet's shared state without Ray: pooled estimates, liveness, relabelled metrics, the
+affinity policy."""
+
+from collections import Counter
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from specrouter.fleet.affinity import affinity_ranks, rendezvous_order
+from specrouter.fleet.knowledge import FleetKnowledge, Report, pool_estimates
+from specrouter.fleet.metrics import fleet_exposition
+from specrouter.router.acceptance import PERSIST_CAP, AcceptanceEstimator, PairEstimate
+from specrouter.server.metrics import Metrics
+
+
+def pair(mean, count, mode="greedy", proposer="small", verifier="target"):
+    return PairEstimate(mode, proposer, verifier, mean, count)
+
+
+def test_pooled_estimates_are_count_weighted_with_the_count_capped():
+    pooled = pool_estimates([[pair(0.9, 30), pair(0.5, 10, proposer="mid")],
+                             [pair(0.6, 10), pair(0.2, 0, proposer="ngram#4")]])
+    assert pooled == [pair(0.5, 10, proposer="mid"), pair((0.9 * 30 + 0.6 * 10) / 40, 40)]
+    assert pool_estimates([[pair(1.0, 150)], [pair(0.0, 150)]]) == [pair(0.5, PERSIST_CAP)]
+
+
+def test_a_replica_report_replaces_its_previous_one_and_the_seed_stays():
+    fleet = FleetKnowledge(seed=[pair(0.4, 20)])
+    fleet.push(Report("a", estimates=[pair(0.8, 20)]))
+    fleet.push(Report("a", estimates=[pair(1.0, 20)]))  # a's whole table now: not added to the first
+    assert fleet.priors() == [pair(0.7, 40)]
+
+
+def test_liveness_counts_recent_serving_replicas_and_dead_ones_keep_their_estimates():
+    now = [0.0]
+    fleet = FleetKnowledge(stale_seconds=3.0, clock=lambda: now[0])
+    fleet.push(Report("a", estimates=[pair(0.9, 10)]))
+    fleet.push(Report("b", alive=False))  # draining
+    assert [r.replica for r in fleet.live()] == ["a", "b"] and fleet.serving() == 1
+    now[0] = 2.0
+    fleet.push(Report("b"))
+    now[0] = 4.0  # a last heard 4 s ago
+    assert [r.replica for r in fleet.live()] == ["b"] and fleet.serving() == 1
+    assert fleet.priors() == [pair(0.9, 10)]  # what a learned outlives it
+
+
+def test_estimates_seeded_from_a_snapshot_round_trip_with_the_cap():
+    learned = AcceptanceEstimator()
+    learned.set_global("small", "target", 0.75, count=500, mode="greedy")
+    learned.set_global("ngram#4", "target", 0.5, count=3, mode="sampled")
+    fresh = AcceptanceEstimator()
+    fresh.seed(learned.snapshot())
+    assert sorted(fresh.snapshot(), key=lambda e: e.key) == [PairEstimate("greedy", "small", "target", 0.75, PERSIST_CAP),
+                                                              PairEstimate("sampled", "ngram#4", "target", 0.5, 3)]
+    fresh.seed([pair(1.5, 10), pair(0.5, -1)])  # out of range: skipped
+    assert len(fresh.snapshot()) == 2
+
+
+def test_fleet_metrics_label_every_sample_with_its_replica():
+    a, b = Metrics(), Metrics()
+    a.generation_tokens.inc(5)
+    b.generation_tokens.inc(7)
+    a.drafts.labels("small").inc(2)
+    text = fleet_exposition([Report("a", metrics=a.exposition()), Report("b", metrics=b.exposition())]).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[("specrouter:generation_tokens_total", (("replica", "a"),))] == 5
+    assert samples[("specrouter:generation_tokens_total", (("replica", "b"),))] == 7
+    assert samples[("specrouter:spec_decode_num_drafts_total", (("level", "small"), ("replica", "a")))] == 2
+    assert text.count("# TYPE specrouter:generation_tokens_total counter") == 1  # one family, not one per replica
+    assert all("replica" in s.labels for fam in text_string_to_metric_families(text) for s in fam.samples)
+
+
+REPLICAS = [f"r{i}" for i in range(5)]
+
+
+def test_rendezvous_keeps_a_key_on_its_replica_and_moves_only_the_keys_of_one_that_left():
+    keys = [f"session-{i}" for i in range(400)]
+    before = {k: rendezvous_order(k, REPLICAS)[0] for k in keys}
+    assert before == {k: rendezvous_order(k, list(reversed(REPLICAS)))[0] for k in keys}  # order-free
+    assert max(Counter(before.values()).values()) < 2 * 400 / 5  # spread
+    after = {k: rendezvous_order(k, REPLICAS[1:])[0] for k in keys}
+    moved = {k for k in keys if before[k] != after[k]}
+    assert moved == {k for k in keys if before[k] == "r0"}
+
+
+def test_affinity_prefers_the_keys_replica_within_the_slack_only():
+    order = rendezvous_order("s", REPLICAS)
+    loads = {r: 1 for r in REPLICAS}
+    assert affinity_ranks("s", REPLICAS, loads, slack=2) == [order[:1], order[1:]]
+    loads[order[0]] = 3  # 2 above the least loaded: still within the slack
+    assert affinity_ranks("s", REPLICAS, loads, slack=2) == [order[:1], order[1:]]
+    loads[order[0]] = 4  # 3 above
+    assert affinity_ranks("s", REPLICAS, loads, slack=2) is None
+    unknown = {r: None for r in REPLICAS}  # nothing known: no evidence of imbalance
+    assert affinity_ranks("s", REPLICAS, unknown, slack=0) == [order[:1], order[1:]]
+    assert affinity_ranks("s", [], {}, slack=2) is None
+
+
+@pytest.mark.parametrize("slack", [0, 3])
+def test_the_imbalance_bound_holds_when_every_request_has_the_same_key(slack):
+    """Route 200 requests of one session, each to its first rank unless the policy declines
+    (then to the least loaded, as power of two choices at its best): no replica ever carries
+    more than slack + 1 above the least loaded."""
+    loads = {r: 0 for r in REPLICAS}
+    for _ in range(200):
+        ranks = affinity_ranks("one session", REPLICAS, loads, slack)
+        chosen = ranks[0][0] if ranks is not None else min(loads, key=loads.get)
+        loads[chosen] += 1
+        assert max(loads.values()) - min(loads.values()) <= slack + 1
+
+
+def test_profiles_are_shared_per_cpu_model():
+    fleet = FleetKnowledge()
+    fleet.add_profiles("Xeon", {"m.json": "a"})
+    fleet.add_profiles("Xeon", {"m.batch.json": "b"})
+    fleet.add_profiles("EPYC", {"m.json": "c"})
+    assert fleet.profiles("Xeon") == {"m.json": "a", "m.batch.json": "b"}
+    assert fleet.profiles("EPYC") == {"m.json": "c"} and fleet.profiles("Arm") == {}
