@@ -301,15 +301,15 @@ def _read_cached(file: Path, key: dict, nested: bool = False) -> dict | None:
         if data.get("format") != _FORMAT or not table or any(s <= 0 for s in values):
             raise ValueError("bad format")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        warnings.warn(f"profile cache {file} is corrupt ({exc.__class__.__name__}): re-profiling", stacklevel=3)
+        warnings.warn(f"profile cache {file} is corrupt ({exc.__class__.__name__}): re-profiling", stacklevel=4)
         return None
     why = next(filter(None, map(implausible, table.values() if nested else [table])), None)
     if why:
-        warnings.warn(f"profile cache {file} is not physical ({why}): re-profiling", stacklevel=3)
+        warnings.warn(f"profile cache {file} is not physical ({why}): re-profiling", stacklevel=4)
         return None
     if data.get("key") != key:
         changed = sorted(k for k in key if data.get("key", {}).get(k) != key[k]) if isinstance(data.get("key"), dict) else ["key"]
-        warnings.warn(f"profile cache {file} is stale ({', '.join(changed)} changed): re-profiling", stacklevel=3)
+        warnings.warn(f"profile cache {file} is stale ({', '.join(changed)} changed): re-profiling", stacklevel=4)
         return None
     return table
 
@@ -430,7 +430,7 @@ def _load_or_profile(
                 why = busy(start, sample()) or unsteady(times) or implausible(table)
                 if why:
                     warnings.warn(f"the profile of {backend.name} is used for this run only, not cached: {why}",
-                                  stacklevel=2)
+                                  stacklevel=3)
                 else:
                     _write(_cache_file(directory, backend), {"format": _FORMAT, "key": key,
                                                              "table": {str(n): s for n, s in table.items()}})
@@ -444,7 +444,7 @@ def _load_or_profile(
                 why = busy(start, sample())
                 if why:
                     warnings.warn(f"the batched profile of {backend.name} is used for this run only, not cached: "
-                                  f"{why}", stacklevel=2)
+                                  f"{why}", stacklevel=3)
                 else:
                     _write(_cache_file(directory, backend, ".batch"), {
                         "format": _FORMAT, "key": key,
