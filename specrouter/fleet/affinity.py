@@ -1,7 +1,7 @@
 """Which replica a request goes to: the one its conversation used before, unless it is busy.
 
-A request may carry an affinity key (deploy.py: the `X-Session-ID` header, else the body's
-`user`, else nothing). Keyed requests prefer one replica, chosen by rendezvous hashing
+A request may carry an affinity key (server/app.py: the `X-Session-ID` header, else the
+body's `prompt_cache_key`, else its `user`, else nothing). Keyed requests prefer one replica, chosen by rendezvous hashing
 (highest random weight over the live replicas: the same key picks the same replica while it
 lives, and when a replica joins or leaves only the keys that preferred it move), so that
 replica's suffix memory and router estimates for that conversation stay warm.
@@ -69,6 +69,4 @@ class AffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             ranks = affinity_ranks(key, list(by_id), loads, self._slack)
             if ranks is not None:
                 return [[by_id[rid] for rid in rank] for rank in ranks if rank]
-        if len(candidate_replicas) <= 2:
-            return [random.sample(candidate_replicas, len(candidate_replicas))]
-        return [random.sample(candidate_replicas, 2)]
+        return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]

@@ -62,6 +62,13 @@ class SynthPool:
         return Chain(levels, list(draft_lengths) if draft_lengths is not None else [4] * (len(levels) - 1))
 
 
+def _service(models: list[SyntheticBackend], router, max_batch: int, max_queue: int,
+             request_timeout: float | None, prefill_share: float | None) -> Service:
+    plan = pool_planner(SynthPool(models), MODEL, router, Speculation())
+    return Service(BatchScheduler(plan, max_batch, prefill_share=prefill_share), models[2], LEVELS, max_queue,
+                   request_timeout)
+
+
 def build_engine(sleep: bool = False, max_batch: int = 4, max_queue: int = 16,
                  request_timeout: float | None = None, memory: SuffixMemory | None = None, n_ctx: int = N_CTX,
                  prefill_share: float | None = PREFILL_SHARE) -> tuple[Engine, list[SyntheticBackend]]:
@@ -72,9 +79,7 @@ def build_engine(sleep: bool = False, max_batch: int = 4, max_queue: int = 16,
     small, mid, target = models
     lookup = "ngram" if memory is None else "suffix"
     router = make_router(target, [small, mid], lookup=lookup, memory=memory)
-    plan = pool_planner(SynthPool(models), MODEL, router, Speculation())
-    service = Service(BatchScheduler(plan, max_batch, prefill_share=prefill_share), target, LEVELS, max_queue,
-                      request_timeout)
+    service = _service(models, router, max_batch, max_queue, request_timeout, prefill_share)
     return Engine(service, router, target), models
 
 
@@ -88,10 +93,7 @@ def build_service(sleep: bool = False, max_batch: int = 4, max_queue: int = 16,
         engine, models = build_engine(sleep, max_batch, max_queue, request_timeout, memory, n_ctx, prefill_share)
         return engine.service, models
     models = family(sleep, n_ctx)
-    plan = pool_planner(SynthPool(models), MODEL, None, Speculation())
-    service = Service(BatchScheduler(plan, max_batch, prefill_share=prefill_share), models[2], LEVELS, max_queue,
-                      request_timeout)
-    return service, models
+    return _service(models, None, max_batch, max_queue, request_timeout, prefill_share), models
 
 
 @dataclass
