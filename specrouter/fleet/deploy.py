@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 import click
 import ray
 from ray import serve
+from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 from ray.serve.config import AutoscalingConfig, RequestRouterConfig
 from ray.serve.handle import DeploymentHandle
 
@@ -58,7 +59,13 @@ class ReplicaStartError(SpecRouterError):
     """A replica could not build its engine (a model file missing on its node, ...)."""
 
 
-FleetActor = ray.remote(num_cpus=0)(FleetKnowledge)
+#: What pins an actor to the head node (Ray's own resource there; Ray Train pins its state
+#: actor the same way). The ingress and the fleet live where `serve --ray` runs: a worker
+#: node that goes away takes only engine replicas with it (the endpoint and what the fleet
+#: learned stay), as tests/unit/fleet/test_fleet_nodes.py checks.
+ON_HEAD = {HEAD_NODE_RESOURCE_NAME: 0.001}
+
+FleetActor = ray.remote(num_cpus=0, resources=ON_HEAD)(FleetKnowledge)
 
 
 class EngineReplica:
@@ -169,7 +176,7 @@ def fleet_application(build: EngineBuild, fleet: ray.actor.ActorHandle):
     else:
         options["num_replicas"] = table.replicas
     engine = serve.deployment(EngineReplica, name="EngineReplica", **options).bind(build, fleet, table.sync_seconds)
-    ingress = serve.deployment(Ingress, name="Ingress", ray_actor_options={"num_cpus": 0},
+    ingress = serve.deployment(Ingress, name="Ingress", ray_actor_options={"num_cpus": 0, "resources": ON_HEAD},
                                max_ongoing_requests=10_000)
     return ingress.bind(build, engine, fleet, table.sync_seconds)
 
