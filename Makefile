@@ -53,13 +53,16 @@ demo: models
 	$(BIN)/specrouter generate --chain $(DEMO_CHAIN) --draft-lengths 3,3 --max-tokens 96 \
 		--chat "Write a Python function that checks whether a string is a palindrome."
 
-# Fast synthetic tests run on both cores; real-model tests run alone (they use both cores each).
+# Fast synthetic tests run on both cores; the Ray tests (each starts a Ray instance: on 2
+# cores two at once starve each other) and the real-model tests (both cores each) run alone.
 test: torch-models bench-data
-	$(BIN)/python -m pytest -n 2 -m "not real" tests
+	$(BIN)/python -m pytest -n 2 -m "not real and not ray" tests
+	$(BIN)/python -m pytest -m "ray and not real" tests
 	$(BIN)/python -m pytest -m real tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -n 2 -m "not real and not slow" tests
+	$(BIN)/python -m pytest -n 2 -m "not real and not slow and not ray" tests
+	$(BIN)/python -m pytest -m "ray and not real and not slow" tests
 
 # The router benchmark (65 to 80 minutes on 2 idle cores): report and plots in benchmarks/results/
 bench: models bench-data bench-deps

@@ -216,12 +216,14 @@ def serve_fleet(config: ServeConfig) -> None:
     """Run until SIGINT or SIGTERM: connect to (or start) Ray, deploy, then take it down.
     A local Ray instance gets at least the CPUs the replicas ask for (threads x replicas:
     more than the machine has oversubscribes its cores, as the user asked, instead of
-    leaving replicas unscheduled forever)."""
+    leaving replicas unscheduled forever). Without --ray-address the instance is always a new
+    one (Ray's "local"): a bare ray.init() would join whatever cluster was last started on
+    this machine."""
     local = {}
     if config.ray.address is None:
         table = config.ray
         local["num_cpus"] = max(os.cpu_count() or 1, (config.threads or 1) * (table.max_replicas or table.replicas))
-    ray.init(address=config.ray.address, include_dashboard=False, log_to_driver=False, **local)
+    ray.init(address=config.ray.address or "local", include_dashboard=False, log_to_driver=False, **local)
     try:
         serve.start(http_options={"host": config.host, "port": config.port})
         store = RouterStore(default_profile_dir())

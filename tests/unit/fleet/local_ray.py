@@ -1,5 +1,10 @@
 """A Ray connection for the fleet tests: the checkout on the replicas' path (they import the
-tests' synthetic build), and Serve's HTTP proxy on a free loopback port."""
+tests' synthetic build), and Serve's HTTP proxy on a free loopback port.
+
+Without an address it starts a new local instance (address="local"): a bare ray.init()
+joins the latest cluster started on this machine, which, under pytest-xdist, was the other
+worker's two-node Cluster (its serve.shutdown then killed this worker's Serve controller).
+The modules that start Ray are marked `ray`: `make test` runs them apart, one at a time."""
 
 import socket
 from pathlib import Path
@@ -16,10 +21,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def connect(**init) -> str:
-    """ray.init(**init) with the checkout on the workers' path, then Serve on a free port;
-    returns the base URL."""
-    ray.init(log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, **init)
+def connect(address: str = "local", **init) -> str:
+    """ray.init(address, **init) with the checkout on the workers' path, then Serve on a free
+    port; returns the base URL."""
+    ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, **init)
     port = free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     return f"http://127.0.0.1:{port}"

@@ -17,6 +17,8 @@ from specrouter.server.config import RayConfig, ServeConfig
 from ..server_synth import MODEL, MODELS, SynthBuild, reference_text
 from .local_ray import connect
 
+pytestmark = pytest.mark.ray
+
 @pytest.fixture(scope="module")
 def two_nodes():
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})

@@ -19,6 +19,8 @@ from specrouter.server.config import RayConfig, ServeConfig
 from ..server_synth import MODEL, MODELS, SynthBuild, build_service, reference_text, running_server
 from .local_ray import connect
 
+pytestmark = pytest.mark.ray
+
 SYNC = 0.3  # seconds between a replica's reports
 
 
