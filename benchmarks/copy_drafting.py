@@ -7,7 +7,9 @@ default q4 llama.cpp 1.5B target, against the target alone.
 
 Methods: the target alone (first and last per prompt and mode, as in the router
 benchmark), fixed chains with the n-gram (4 tokens) and the suffix drafter (16 tokens),
-llama-cpp-python's prompt lookup on the same model file (10 tokens, its default), and
+llama-cpp-python's prompt lookup on the same model file (10 tokens, its default),
+llama.cpp's own server with each of its speculation settings (benchmarks/native_server.py;
+`make native-peers` builds it; --native-servers none leaves them out), and
 `auto` with each model-free drafter as its lookup level (one router per drafter for the
 whole run, as a server keeps it; both start as --router-dir says; the suffix drafter's
 with a cross-request memory of the default budget, fed by every auto run before, as a
@@ -28,6 +30,7 @@ from benchmarks.args import router_start
 from benchmarks.chains import MODES, NATIVE, RESULTS, TARGET, compare, native_runner, open_native, static_runner
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
+from benchmarks.native_server import PEERS, Peer, draft_counts, open_peers, server_runner
 from benchmarks.summary import ratio_table, summarise
 from benchmarks.workloads import WORKLOADS, load
 from specrouter.cascade.chain import Chain
@@ -36,6 +39,7 @@ from specrouter.chat import chat_prompt_tokens
 from specrouter.engine import generate
 from specrouter.drafters import MODEL_FREE
 from specrouter.drafters.memory import SuffixMemory
+from specrouter.models import resolve_model
 from specrouter.pool import Pool
 from specrouter.router import auto_router
 
@@ -59,7 +63,8 @@ def build_prompts(target, per_workload: int) -> tuple[list[tuple[str, str, list[
     return prompts, first_answers
 
 
-def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path | None, native_peer: bool = True) -> dict:
+def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path | None, native_peer: bool = True,
+        peers: tuple[Peer, ...] = PEERS) -> dict:
     started = time.perf_counter()
     router_dir, router_state = router_start(router_dir)
     pool = Pool(n_ctx=4096, n_seq_max=1)
@@ -72,6 +77,10 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
     native, native_error = open_native(target, n_ctx=4096) if native_peer else (None, "not run (--no-native)")
     if native is not None:
         methods[NATIVE] = native_runner(native, NATIVE_K, target.eos_ids)
+    files = {"target": resolve_model(TARGET), **{p.draft_model: resolve_model(p.draft_model)
+                                                 for p in peers if p.draft_model is not None}}
+    servers, server_errors = open_peers(peers, files, target.n_threads, n_ctx=4096)
+    methods.update({label: server_runner(server, target.eos_ids) for label, server in servers.items()})
     memories = {}
     for method, lookup in AUTO.items():
         if MODEL_FREE[lookup].remembers:
@@ -84,6 +93,8 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
     phases["main"] = time.perf_counter() - started - sum(phases.values())
     if native is not None:
         native.close()
+    for server in servers.values():
+        server.close()
     pool.close()
     summary = summarise(runs)
     return {
@@ -92,6 +103,8 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
                      "workloads": list(WORKLOADS), "target": TARGET, "n_threads": target.n_threads,
                      "fixed": {m: {"chain": names, "draft_lengths": list(ks)} for m, (names, ks) in FIXED.items()},
                      "native": {"method": NATIVE, "draft_length": NATIVE_K, "error": native_error},
+                     "native_servers": {p.label: {"flags": list(p.flags), "draft_model": p.draft_model,
+                                                  "error": server_errors.get(p.label)} for p in peers},
                      "router_start": router_state, "first_turn_tokens": FIRST_TURN_TOKENS},
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
         "first_answers": first_answers,
@@ -99,6 +112,7 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
         "summary": summary,
         "ratios": ratio_table(summary),
         "auto_chains": auto_chains(runs),
+        "server_drafts": draft_counts(runs),
         "lookup_sources": lookup_sources(runs),
         "memory": {m: {"tokens_held": len(mem), "budget": mem.budget, "megabytes": round(mem.nbytes / 2**20, 1)}
                    for m, mem in memories.items()},
@@ -149,7 +163,9 @@ def markdown(result: dict) -> str:
         "and last (both runs pooled: the reference of every ratio), every other method once in between, rotated "
         "from turn to turn. Tokens/s is wall time of the whole generation, prompt included. "
         f"Router at the start: {s['router_start']}."
-        + (f" Native peer unavailable: {s['native']['error']}." if s["native"]["error"] else ""), "",
+        + (f" Native peer unavailable: {s['native']['error']}." if s["native"]["error"] else "")
+        + "".join(f" {label} unavailable: {v['error']}." for label, v in s.get("native_servers", {}).items()
+                  if v["error"]), "",
         "## Median ratio to the target alone (per task)", "",
     ]
     ratios = result["ratios"]
@@ -165,6 +181,13 @@ def markdown(result: dict) -> str:
         if dataset == "all":
             lines.append(f"| {method} | {mode} | {v['median_tokens_per_second']} | "
                          f"{', '.join(map(str, v['mean_accepted_per_block']))} | {v['identical_outputs'] or ''} |")
+    if result.get("server_drafts"):
+        lines += ["", "## llama-server's drafts (its own counters, all runs)", "",
+                  "| peer | flags | drafted | accepted | accepted share |", "|---|---|---|---|---|"]
+        for label, v in result["server_drafts"].items():
+            peer = s["native_servers"][label]
+            flags = " ".join(peer["flags"] + (["-md", peer["draft_model"]] if peer["draft_model"] else []))
+            lines.append(f"| {label} | `{flags}` | {v['drafted']} | {v['accepted']} | {v['accepted_share']:.0%} |")
     lines += ["", "## Chains auto ran (cycles)", ""]
     for key, chains in result["auto_chains"].items():
         lines.append(f"- {key}: " + ", ".join(f"{c} {n}" for c, n in chains.items()))
@@ -191,13 +214,22 @@ def main() -> None:
     ap.add_argument("--stem", help="name of the result files (default: copy-drafting-<date>)")
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
     ap.add_argument("--no-native", action="store_true", help="leave out llama-cpp-python's prompt lookup")
+    ap.add_argument("--native-servers", default="all", help="llama-server peers: all, none, or comma-separated "
+                    f"labels of {', '.join(p.label for p in PEERS)}")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",")]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         ap.error(f"unknown modes {unknown}: use {', '.join(MODES)}")
+    chosen = {"all": PEERS, "none": ()}.get(args.native_servers)
+    if chosen is None:
+        by_label = {p.label: p for p in PEERS}
+        wanted = [w.strip() for w in args.native_servers.split(",")]
+        if unknown := [w for w in wanted if w not in by_label]:
+            ap.error(f"unknown llama-server peers {unknown}: use all, none or {', '.join(by_label)}")
+        chosen = tuple(by_label[w] for w in wanted)
     result = (json.loads(args.render.read_text()) if args.render is not None
-              else run(args.per_workload, args.max_tokens, modes, args.router_dir, not args.no_native))
+              else run(args.per_workload, args.max_tokens, modes, args.router_dir, not args.no_native, chosen))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.stem or f"copy-drafting-{result['machine']['date'][:10]}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))

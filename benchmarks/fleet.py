@@ -3,13 +3,15 @@
     python -m benchmarks.fleet [--concurrency 1,4,8] [--requests-per-slot 2] [--max-tokens 48]
                                [--repeats 3] [--chain off] [--stem NAME]
 
-Three `specrouter serve` subprocesses on loopback ports, all started before any
-measurement and left up until the end (each `--ray` one runs its own local Ray): the
-single-process server with 2 threads, `--ray` with 1 replica x 2 threads, `--ray` with 2
-replicas x 1 thread. Per concurrency c and repeat, the methods run in turn, the
-single-process server first and last (the drift of the machine within a round): a closed
-loop keeps c streamed completions in flight until c x requests-per-slot have finished
-(first-turn prompts: HumanEval and GSM8K texts, greedy). Reports per method and c the
+Three `specrouter serve` setups, one subprocess on a loopback port at a time (each `--ray`
+one starts its own local Ray and stops it with the server): the single-process server with
+2 threads, `--ray` with 1 replica x 2 threads, `--ray` with 2 replicas x 1 thread. A round
+starts each in turn, the single-process server first and last (the drift of the machine
+within a round), and runs every concurrency c on it after a warm-up request: a closed loop
+keeps c streamed completions in flight until c x requests-per-slot have finished
+(first-turn prompts: HumanEval and GSM8K texts, greedy). (Until 2026-12-03 the three were up
+side by side: the idle Ray instances' controllers took about 20% of a core from whichever
+server was measured.) Reports per method and c the
 median over repeats of total generated tokens/s, time to first token and the gaps between
 text chunks (median, p95) and request latency, and the median over repeats of each round's
 ratio to that round's first single-process run. Every server starts from a fresh cache
@@ -25,8 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +39,7 @@ import numpy as np
 
 from benchmarks.machine import machine_info, write_result
 from benchmarks.prompts import load
+from benchmarks.servers import free_port, stop, wait_healthy
 from specrouter.models import default_cache_dir
 
 TARGET = "qwen2.5-coder-1.5b"
@@ -52,12 +53,6 @@ ROUND = [("single 1x2", "single 1x2"), ("ray 1x2", "ray 1x2"), ("ray 2x1", "ray 
          ("single 1x2 (last)", "single 1x2")]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(flags: list[str], threads: int, cache: Path, chain: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "SPECROUTER_CACHE": str(cache / "models")}
@@ -65,26 +60,8 @@ def start(flags: list[str], threads: int, cache: Path, chain: str) -> tuple[subp
                              "--max-batch", "8", *flags], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server {flags} exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the server did not come up")
-        time.sleep(1)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=180)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    wait_healthy(proc, url, f"the server {flags}")
+    return proc, url
 
 
 async def one(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int) -> dict:
@@ -136,27 +113,24 @@ async def closed_loop(url: str, prompts: list[str], concurrency: int, total: int
 def run(levels: list[int], per_slot: int, max_tokens: int, chain: str, repeats: int) -> dict:
     texts = [p.text for p in load("humaneval", 8)] + [p.text for p in load("gsm8k", 8)]
     prompts = [texts[i // 2 + (i % 2) * 8] for i in range(16)]
-    rounds: list[dict] = []
+    rows: dict[tuple[int, int], dict[str, dict]] = {(c, r): {} for r in range(repeats) for c in levels}
     with tempfile.TemporaryDirectory(prefix="specrouter-fleet-bench-") as tmp:
-        urls, procs = {}, []
-        try:
-            for name, (flags, threads) in SERVERS.items():  # one at a time: the first of a thread count profiles
+        for r in range(repeats):
+            for label, server in ROUND:  # one server up at a time: nothing else of ours on the cores
+                flags, threads = SERVERS[server]
                 cache = Path(tmp) / f"threads-{threads}"
-                if not cache.exists():
+                if not cache.exists():  # the first start of a thread count profiles; later ones read it
                     cache.mkdir()
                     (cache / "models").symlink_to(default_cache_dir(), target_is_directory=True)
-                proc, urls[name] = start(flags, threads, cache, chain)
-                procs.append(proc)
-                asyncio.run(closed_loop(urls[name], prompts, 1, 1, 8))  # warm-up
-            for c in levels:
-                for r in range(repeats):
-                    row = {label: asyncio.run(closed_loop(urls[server], prompts, c, c * per_slot, max_tokens))
-                           for label, server in ROUND}
-                    rounds.append({"concurrency": c, "repeat": r, "methods": row})
-                    print(c, r, {k: round(v["tokens_per_s"], 2) for k, v in row.items()}, flush=True)
-        finally:
-            for proc in procs:
-                stop(proc)
+                proc, url = start(flags, threads, cache, chain)
+                try:
+                    asyncio.run(closed_loop(url, prompts, 1, 1, 8))  # warm-up
+                    for c in levels:
+                        rows[c, r][label] = asyncio.run(closed_loop(url, prompts, c, c * per_slot, max_tokens))
+                finally:
+                    stop(proc)
+                print(r, label, {c: round(rows[c, r][label]["tokens_per_s"], 2) for c in levels}, flush=True)
+    rounds = [{"concurrency": c, "repeat": r, "methods": row} for (c, r), row in rows.items()]
     return {"machine": machine_info(), "chain": chain, "max_tokens": max_tokens, "requests_per_slot": per_slot,
             "repeats": repeats, "rounds": rounds, "summary": summary(rounds)}
 
@@ -184,8 +158,8 @@ def markdown(result: dict) -> str:
              f"Machine: {m['cpu']}, {m['cores']} cores, llama-cpp-python {m['llama_cpp_python']}. Command: "
              f"`{m['command']}`. Target {TARGET} (q4, llama.cpp), chain `{result['chain']}`, greedy, "
              f"{result['max_tokens']} new tokens, streamed completions over HTTP on loopback; at concurrency c a "
-             f"closed loop of c x {result['requests_per_slot']} requests. The three servers run side by side "
-             f"(idle when not measured); per c, {result['repeats']} rounds of the methods in the order shown. "
+             f"closed loop of c x {result['requests_per_slot']} requests. One server up at a time; "
+             f"{result['repeats']} rounds, each starting the servers in the order shown and running every c on each. "
              "Values: medians over the rounds; ratio: the median of each round's tokens/s over that round's first "
              "single-process run.", "",
              "| method | c | tok/s | ratio | TTFT median / p95 (ms) | chunk gap median / p95 (ms) | "

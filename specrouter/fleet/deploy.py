@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 APP_NAME = "specrouter"
 #: Reports a replica may miss before the fleet stops counting it as live.
 STALE_REPORTS = 3
+#: Seconds a drain may take beyond its grace period (ending the requests left, Ray's round trips).
+DRAIN_MARGIN = 30.0
 
 
 class ReplicaStartError(SpecRouterError):
@@ -142,6 +144,11 @@ class Ingress:
     def __init__(self, build: EngineBuild, engine: DeploymentHandle, fleet: ray.actor.ActorHandle,
                  sync_seconds: float) -> None:
         self._build, self._engine, self._fleet, self._sync = build, engine, fleet, sync_seconds
+        self._service: RemoteService | None = None
+
+    async def drain(self, grace: float) -> None:
+        """Graceful shutdown's first part (RemoteService.drain); drain_fleet calls it."""
+        await self._service.drain(grace)
 
     def __serve_build_asgi_app__(self):
         engine, fleet = self._engine.options(stream=True), self._fleet
@@ -155,9 +162,9 @@ class Ingress:
         async def exposition() -> bytes:
             return fleet_exposition(await fleet.live.remote())
 
-        service = RemoteService(self._build.vocabulary(), self._build.config.levels, open_stream, serving,
-                                exposition, poll_seconds=self._sync)
-        return create_app(service, self._build.config)
+        self._service = RemoteService(self._build.vocabulary(), self._build.config.levels, open_stream, serving,
+                                      exposition, poll_seconds=self._sync)
+        return create_app(self._service, self._build.config)
 
 
 def fleet_application(build: EngineBuild, fleet: ray.actor.ActorHandle):
@@ -185,15 +192,21 @@ class FleetStartError(SpecRouterError):
     """The application did not deploy; the message has each failing deployment's reason."""
 
 
-def start_fleet(build: EngineBuild, store: RouterStore | None = None, name: str = APP_NAME,
-                route_prefix: str = "/") -> ray.actor.ActorHandle:
-    """Deploy on the connected Ray cluster (serve.start already called): the fleet actor,
-    seeded from `store`'s saved estimates, then the application; returns the fleet. Raises
-    FleetStartError with the replicas' own errors (e.g. a model file missing on a node)."""
+def new_fleet(build: EngineBuild, store: RouterStore | None = None) -> ray.actor.ActorHandle:
+    """The fleet actor, seeded from `store`'s saved estimates."""
     seed = AcceptanceEstimator()
     if store is not None:
         seed.load(store.estimates_file)
-    fleet = FleetActor.remote(seed.snapshot(), STALE_REPORTS * build.config.ray.sync_seconds)
+    return FleetActor.remote(seed.snapshot(), STALE_REPORTS * build.config.ray.sync_seconds)
+
+
+def start_fleet(build: EngineBuild, store: RouterStore | None = None, name: str = APP_NAME,
+                route_prefix: str = "/", fleet: ray.actor.ActorHandle | None = None) -> ray.actor.ActorHandle:
+    """Deploy on the connected Ray cluster (serve.start already called): the fleet actor
+    (`fleet`, else new_fleet(build, store)), then the application, and wait until every
+    replica is up; returns the fleet. Raises FleetStartError with the replicas' own errors
+    (e.g. a model file missing on a node)."""
+    fleet = fleet if fleet is not None else new_fleet(build, store)
     try:
         serve.run(fleet_application(build, fleet), name=name, route_prefix=route_prefix, blocking=False)
     except RuntimeError as exc:  # Ray Serve says only which deployments failed; their status says why
@@ -205,6 +218,10 @@ def start_fleet(build: EngineBuild, store: RouterStore | None = None, name: str 
     return fleet
 
 
+class StartInterrupted(Exception):
+    """SIGINT or SIGTERM while the application was still starting (serve_fleet)."""
+
+
 def save_fleet(fleet: ray.actor.ActorHandle, store: RouterStore) -> None:
     """The pooled estimates into `store` (what the next run, fleet or not, starts from)."""
     estimates = AcceptanceEstimator()
@@ -212,8 +229,17 @@ def save_fleet(fleet: ray.actor.ActorHandle, store: RouterStore) -> None:
     estimates.save(store.estimates_file)
 
 
+def drain_fleet(grace: float, name: str = APP_NAME) -> None:
+    """The application's graceful shutdown, as `specrouter serve`'s (server/drain.py): new
+    requests get 503 with Retry-After, those in flight may finish for `grace` seconds, each
+    one left then ends with a clean error. Returns once all were told; then the application
+    can be deleted with nothing in flight."""
+    serve.get_deployment_handle("Ingress", name).drain.remote(grace).result(timeout_s=grace + DRAIN_MARGIN)
+
+
 def serve_fleet(config: ServeConfig) -> None:
-    """Run until SIGINT or SIGTERM: connect to (or start) Ray, deploy, then take it down.
+    """Run until SIGINT or SIGTERM: connect to (or start) Ray, deploy; on the signal drain
+    (drain_fleet: config.shutdown_timeout), save what the fleet learned, take it down.
     A local Ray instance gets at least the CPUs the replicas ask for (threads x replicas:
     more than the machine has oversubscribes its cores, as the user asked, instead of
     leaving replicas unscheduled forever). Without --ray-address the instance is always a new
@@ -224,18 +250,38 @@ def serve_fleet(config: ServeConfig) -> None:
         table = config.ray
         local["num_cpus"] = max(os.cpu_count() or 1, (config.threads or 1) * (table.max_replicas or table.replicas))
     ray.init(address=config.ray.address or "local", include_dashboard=False, log_to_driver=False, **local)
+    stop, starting = threading.Event(), [True]
+
+    def on_signal(*_) -> None:
+        # While replicas start (a model's first profile takes a minute or more), the signal
+        # ends the wait for them; some may already serve, so the shutdown below runs anyway.
+        stop.set()
+        if starting[0]:
+            starting[0] = False
+            raise StartInterrupted
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before deploying: Ray's own handler would kill the process
+        signal.signal(sig, on_signal)
+    fleet, store = None, RouterStore(default_profile_dir())
     try:
-        serve.start(http_options={"host": config.host, "port": config.port})
-        store = RouterStore(default_profile_dir())
-        fleet = start_fleet(PoolBuild(config), store)
-        click.echo(f"serving on http://{config.host}:{config.port} through Ray Serve "
-                   f"({config.ray.replicas if config.ray.min_replicas is None else 'autoscaled'} replicas)", err=True)
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
-        stop.wait()
-        save_fleet(fleet, store)
-        serve.delete(APP_NAME)
+        try:
+            serve.start(http_options={"host": config.host, "port": config.port})
+            fleet = new_fleet(PoolBuild(config), store)
+            start_fleet(PoolBuild(config), fleet=fleet)
+            starting[0] = False
+            click.echo(f"serving on http://{config.host}:{config.port} through Ray Serve "
+                       f"({config.ray.replicas if config.ray.min_replicas is None else 'autoscaled'} replicas)",
+                       err=True)
+            stop.wait()
+        except StartInterrupted:
+            click.echo("stopped while the replicas were starting", err=True)
+        if fleet is not None:
+            try:
+                drain_fleet(config.shutdown_timeout)
+            except Exception:  # noqa: BLE001 - what was learned is saved and the application deleted all the same
+                log.warning("the drain did not complete", exc_info=True)
+            save_fleet(fleet, store)
+            serve.delete(APP_NAME)
         if config.ray.address is None:
             serve.shutdown()
     finally:

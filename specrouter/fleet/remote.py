@@ -9,6 +9,7 @@ raised where the app expects them. A pump task then hands each choice's deltas a
 to its RemoteHandle. A replica that dies mid-request ends each unfinished choice with
 ReplicaLostError (a 503 for a plain request; a stream's error event then [DONE]); requests
 sent afterwards go to the replicas still alive while Ray Serve restarts the dead one.
+drain() is the single-process Service.drain's graceful shutdown, for the fleet's requests.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from specrouter.backends.base import Backend
 from specrouter.engine.batch import Delta, SeqRequest
 from specrouter.engine.request import GenerationResult
-from specrouter.server.service import ReplicaLostError, final_result
+from specrouter.server.service import ReplicaLostError, ServiceStoppedError, final_result
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +104,33 @@ class RemoteService:
         self.created = int(time.time())
         self._open, self._serving, self._exposition, self._poll = open_stream, serving, exposition, poll_seconds
         self._alive = False
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task] = set()  # the pumps of the requests in flight
+        self._admitting = 0  # requests waiting for their replica's admission
+        self._draining = False
+        self._ending: ServiceStoppedError | None = None  # set once drain's grace period is over
         self._watch: asyncio.Task | None = None
 
     @property
     def alive(self) -> bool:
-        """Some replica serves (as the fleet heard at the last poll)."""
-        return self._alive
+        """Some replica serves (as the fleet heard at the last poll) and no drain has begun."""
+        return self._alive and not self._draining
+
+    async def drain(self, grace: float, poll: float = 0.02) -> None:
+        """Service.drain's contract for the fleet's requests: admit nothing more (a new
+        request gets ServiceStoppedError: 503 with Retry-After), let those in flight finish
+        for `grace` seconds, then cancel each one left on its replica and end its unfinished
+        choices with ServiceStoppedError (a stream: an error event, then [DONE]; a plain
+        request: a 503); returns once all were told."""
+        loop = asyncio.get_running_loop()
+        self._draining = True
+        deadline = loop.time() + grace
+        while (self._tasks or self._admitting) and loop.time() < deadline:
+            await asyncio.sleep(poll)
+        self._ending = ServiceStoppedError("the server is shutting down")
+        for pump in list(self._tasks):
+            pump.cancel()
+        while self._tasks or self._admitting:
+            await asyncio.sleep(poll)
 
     async def exposition(self) -> bytes:
         return await self._exposition()
@@ -133,7 +154,10 @@ class RemoteService:
     async def submit(self, request: SeqRequest, n: int = 1, affinity: str | None = None) -> list[RemoteHandle]:
         """Start the request's n choices on one replica; raises its admission error (the
         replica's own exception: bad input, QueueFullError, ServiceStoppedError)."""
+        if self._draining:
+            raise ServiceStoppedError("the server is shutting down")
         stream = self._open(request, n, affinity)
+        self._admitting += 1
         try:
             first = await stream.__anext__()
         except StopAsyncIteration:
@@ -143,7 +167,12 @@ class RemoteService:
             raise
         except Exception as exc:  # noqa: BLE001 - the replica's admission error, unwrapped
             raise _cause(exc) from None
+        finally:
+            self._admitting -= 1
         assert isinstance(first, Admitted), f"a replica stream began with {first!r}"
+        if self._ending is not None:  # admitted after the drain's grace period ran out
+            stream.cancel()
+            raise ServiceStoppedError("the server is shutting down")
         pump: asyncio.Task | None = None
 
         def cancel() -> None:
@@ -151,16 +180,19 @@ class RemoteService:
                 pump.cancel()
 
         handles = [RemoteHandle(uuid.uuid4().hex, cancel) for _ in range(n)]
-        pump = asyncio.get_running_loop().create_task(_pump(stream, handles))
+        pump = asyncio.get_running_loop().create_task(_pump(stream, handles, lambda: self._ending))
         self._tasks.add(pump)  # held until done (the loop keeps only weak references)
         pump.add_done_callback(self._tasks.discard)
         return handles
 
 
-async def _pump(stream: ReplicaStream, handles: list[RemoteHandle]) -> None:
+async def _pump(stream: ReplicaStream, handles: list[RemoteHandle],
+                ending: Callable[[], BaseException | None]) -> None:
     """Hand the stream's items to their choices; any failure of the stream ends each choice
     still running with the replica's error (ReplicaLostError when the replica is gone).
-    Cancelled (a client left): closing the stream cancels the request on its replica."""
+    Cancelled, closing the stream cancels the request on its replica: a client left (the
+    cancellation goes on), or a drain ran out of time (`ending()` is the error that ends
+    each choice still running)."""
     finished: set[int] = set()
     try:
         async for item in stream:
@@ -172,7 +204,9 @@ async def _pump(stream: ReplicaStream, handles: list[RemoteHandle]) -> None:
             error = ReplicaLostError("the replica ended the request before it finished")
     except asyncio.CancelledError:
         stream.cancel()
-        raise
+        error = ending()
+        if error is None:
+            raise
     except Exception as exc:  # noqa: BLE001 - delivered to the choices, which raise it
         error = _cause(exc)
     if error is not None:

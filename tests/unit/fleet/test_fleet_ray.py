@@ -1,6 +1,7 @@
 """`specrouter serve --ray` on a local Ray instance (started once for the module), over the
 synthetic pool: 2 engine replicas behind the ingress, driven by the official openai client."""
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,9 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from specrouter.errors import ModelFileError
-from specrouter.fleet.deploy import APP_NAME, FleetStartError, start_fleet
+from specrouter.fleet.deploy import APP_NAME, FleetStartError, drain_fleet, start_fleet
 from specrouter.server.config import RayConfig, ServeConfig
 
+from ..server.test_robustness import error_of, sse_data
 from ..server_synth import MODEL, MODELS, SynthBuild, build_service, reference_text, running_server
 from .local_ray import connect
 
@@ -202,3 +204,48 @@ def test_a_replica_that_cannot_load_its_models_names_its_node_and_the_file():
         start_fleet(MissingModel(ServeConfig(models=MODELS)), name="broken", route_prefix="/broken")
     text = str(info.value)
     assert "cannot start" in text and "absent.gguf" in text and ray.util.get_node_ip_address() in text
+
+
+def test_a_drain_refuses_new_requests_and_ends_those_past_the_grace_cleanly(fleet):
+    """serve --ray's graceful shutdown (drain_fleet, what SIGTERM runs before the application
+    is deleted), as the single-process server's: a request sent while draining gets 503 with
+    Retry-After and /health is 503; past the grace period a stream ends with an error event
+    then [DONE] and a plain request gets a 503 body, both shutting_down (not replica_lost)."""
+    base = fleet[0] + "/draining"
+    start_fleet(SynthBuild(ServeConfig(models=MODELS, ray=RayConfig(enabled=True, replicas=1, sync_seconds=SYNC)),
+                           sleep=True), name="draining", route_prefix="/draining")
+    long = {"model": MODEL, "prompt": "abc", "max_tokens": 480, "speculation": "off"}
+    out: dict[str, object] = {}
+    streaming = threading.Event()
+
+    def stream():
+        with httpx.stream("POST", base + "/v1/completions", timeout=60, json={**long, "stream": True}) as r:
+            lines = r.iter_lines()
+            first = next(lines)
+            streaming.set()
+            out["stream"] = sse_data([first, *lines])
+
+    def plain():
+        out["plain"] = httpx.post(base + "/v1/completions", timeout=60, json=long)
+
+    try:
+        threads = [threading.Thread(target=stream), threading.Thread(target=plain)]
+        for t in threads:
+            t.start()
+        assert streaming.wait(60)
+        started = time.monotonic()
+        drainer = threading.Thread(target=drain_fleet, args=(1.0, "draining"))
+        drainer.start()
+        wait_for(lambda: httpx.get(base + "/health").status_code == 503, timeout=10)
+        refused = httpx.post(base + "/v1/completions", timeout=60, json={**long, "max_tokens": 2})
+        assert error_of(refused, 503)["code"] == "shutting_down" and refused.headers["retry-after"] == "1"
+        for t in [*threads, drainer]:
+            t.join(timeout=60)
+        ended = time.monotonic() - started
+    finally:
+        serve.delete("draining")
+    assert 1.0 <= ended < 1.0 + 10, ended
+    data = out["stream"]
+    assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "shutting_down"
+    assert all("choices" in json.loads(d) for d in data[:-2]) and len(data) > 3  # it streamed, then ended cleanly
+    assert error_of(out["plain"], 503)["code"] == "shutting_down"

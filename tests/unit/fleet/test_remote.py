@@ -1,8 +1,9 @@
 """The ingress's RemoteService over scripted replica streams (no Ray Serve): admission
 errors raised before any handle exists, each choice's items to its handle, a lost replica
-ending every unfinished choice cleanly, a client's cancel reaching the replica."""
+ending every unfinished choice cleanly, a client's cancel reaching the replica, a drain."""
 
 import asyncio
+import time
 
 import pytest
 from ray.exceptions import ActorDiedError, RayTaskError
@@ -10,7 +11,7 @@ from ray.exceptions import ActorDiedError, RayTaskError
 from specrouter.engine.batch import Delta, SeqRequest
 from specrouter.engine.request import GenerationResult
 from specrouter.fleet.remote import Admitted, ChoiceItem, RemoteService
-from specrouter.server.service import QueueFullError, ReplicaLostError
+from specrouter.server.service import QueueFullError, ReplicaLostError, ServiceStoppedError
 
 from ..server_synth import family
 
@@ -20,8 +21,8 @@ def result(text: str) -> GenerationResult:
 
 
 class Scripted:
-    """A replica stream yielding `items` (an exception item is raised there), then waiting
-    forever if `hang`; records cancel()."""
+    """A replica stream yielding `items` (an exception item is raised there, an asyncio.Event
+    is waited for), then waiting forever if `hang`; records cancel()."""
 
     def __init__(self, items, hang: bool = False) -> None:
         self.items, self.hang, self.cancelled = list(items), hang, False
@@ -30,6 +31,8 @@ class Scripted:
         return self
 
     async def __anext__(self):
+        while self.items and isinstance(self.items[0], asyncio.Event):
+            await self.items.pop(0).wait()
         if self.items:
             item = self.items.pop(0)
             if isinstance(item, BaseException):
@@ -43,14 +46,16 @@ class Scripted:
         self.cancelled = True
 
 
-def service_over(stream: Scripted) -> RemoteService:
+def service_over(*streams: Scripted) -> RemoteService:
+    """A service whose requests get `streams` in turn."""
     async def serving() -> int:
         return 1
 
     async def exposition() -> bytes:
         return b""
 
-    return RemoteService(family()[2], ["target"], lambda request, n, affinity: stream, serving, exposition)
+    opened = iter(streams)
+    return RemoteService(family()[2], ["target"], lambda request, n, affinity: next(opened), serving, exposition)
 
 
 def run(coro):
@@ -142,3 +147,37 @@ def test_a_client_that_leaves_before_admission_cancels_the_request_on_its_replic
         return stream.cancelled
 
     assert run(main())
+
+
+def test_a_drain_refuses_new_requests_lets_those_in_time_finish_and_ends_the_rest_cleanly():
+    """RemoteService.drain (serve --ray's graceful shutdown, as Service.drain): a request
+    that finishes within the grace period finishes; past it, each unfinished choice ends with
+    ServiceStoppedError (not replica_lost) and its request is cancelled on its replica; a
+    request sent meanwhile is refused before any replica sees it."""
+    release = asyncio.Event()
+    in_time = Scripted([Admitted(), ChoiceItem(0, Delta("x", "a")), release, ChoiceItem(0, result("ab"))])
+    cut = Scripted([Admitted(), ChoiceItem(1, result("b")), ChoiceItem(0, Delta("x", "c"))], hang=True)
+    never_opened = Scripted([Admitted()])
+
+    async def main():
+        service = service_over(in_time, cut, never_opened)
+        service._alive = True
+        (finishing,) = await service.submit(SeqRequest([1]), 1)
+        cut_off = await service.submit(SeqRequest([2]), 2)
+        outcomes = [asyncio.ensure_future(collect(h)) for h in [finishing, *cut_off]]
+        started = time.monotonic()
+        drain = asyncio.ensure_future(service.drain(0.3, poll=0.01))
+        await asyncio.sleep(0.05)
+        assert not service.alive
+        with pytest.raises(ServiceStoppedError):
+            await service.submit(SeqRequest([3]), 1)
+        release.set()
+        await drain
+        return time.monotonic() - started, [await asyncio.wait_for(o, 5) for o in outcomes]
+
+    took, (finished, choice0, choice1) = run(main())
+    assert 0.3 <= took < 1.0, took
+    assert finished == [Delta("x", "a"), result("ab")] and not in_time.cancelled
+    assert choice1 == [result("b")]
+    assert choice0[0] == Delta("x", "c") and type(choice0[1]) is ServiceStoppedError and len(choice0) == 2
+    assert cut.cancelled and never_opened.items == [Admitted()]  # the refused request never reached a replica
