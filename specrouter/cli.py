@@ -22,6 +22,7 @@ from specrouter.engine.request import check_logprobs, check_max_tokens, check_pr
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError, SpecRouterError
 from specrouter.models import DEFAULT_POOL, check_pulled_integrity, is_pulled, model_path, pull
+from specrouter.offload import GpuLayers
 from specrouter.pool import Pool, parse_chain, parse_draft_lengths
 
 #: "auto": the router picks chain and draft lengths before every cycle (issue: the default).
@@ -55,6 +56,12 @@ _cache_option = click.option(
     type=click.Path(path_type=Path),
     default=None,
     help="Folder of pulled models (default: $SPECROUTER_CACHE or the user cache dir).",
+)
+
+_gpu_layers_option = click.option(
+    "--gpu-layers", multiple=True,
+    help="Layers of llama.cpp models offloaded to a GPU: N for every model, MODEL=N for one (repeatable; -1: all; "
+         "needs a GPU build of llama-cpp-python, `make setup GPU=cuda`).",
 )
 
 _profile_option = click.option(
@@ -115,11 +122,12 @@ def _grammar(json_schema, regex: str | None, grammar) -> Grammar | None:
 @click.option("--exact", is_flag=True,
               help="Exact kernels for llama.cpp models: greedy output of every chain equals the target alone's bit for bit "
                    "(a one-token forward then costs a four-token one; docs/bit-exact.md).")
+@_gpu_layers_option
 @_profile_option
 @_cache_option
 def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temperature, top_k, top_p, min_p,
              frequency_penalty, presence_penalty, repetition_penalty, json_schema, regex, grammar, seed, max_tokens,
-             stop, n_ctx, threads, as_json, logprobs, exact, profile_file, cache_dir) -> None:
+             stop, n_ctx, threads, as_json, logprobs, exact, gpu_layers, profile_file, cache_dir) -> None:
     """Generate text with a chain of models."""
     if (prompt is None) == (chat is None):
         raise InvalidParameterError("give exactly one of --prompt TEXT or --chat TEXT")
@@ -138,7 +146,8 @@ def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temper
     if not auto and (target or explain or profile_file or lookup):
         raise InvalidParameterError("--target, --explain, --lookup and --profile work with --chain auto; "
                                     "an explicit chain ends at its target")
-    pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1, exact=exact)
+    pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1, exact=exact,
+                gpu_layers=GpuLayers.parse(gpu_layers))
     router = None
     try:
         if auto:
@@ -279,13 +288,14 @@ def _summary(r: GenerationResult) -> str:
                                                      "(default 1).")
 @click.option("--affinity-slack", type=int, help="With --ray: ongoing requests a session's replica may carry above "
                                                  "the least loaded before its requests go elsewhere (default 2).")
+@_gpu_layers_option
 @_profile_option
 @_cache_option
 def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, max_queue,
               max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, memory, memory_tokens,
               max_body_bytes, allowed_hosts, exact, prefill_share, max_prompt_tokens, cors_origins, served_model_name,
               ray_enabled, ray_address, replicas, min_replicas, max_replicas, target_ongoing_requests,
-              ray_sync_seconds, affinity_slack, profile_file, cache_dir) -> None:
+              ray_sync_seconds, affinity_slack, gpu_layers, profile_file, cache_dir) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra; --ray also the `ray` extra)."""
     try:
         from specrouter.server.config import load_config
@@ -296,7 +306,8 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, 
         config_file,
         models=parse_chain(models) if models else None,
         draft_lengths=parse_draft_lengths(draft_lengths, 0) if draft_lengths else None,
-        target=target, chain=chain, lookup=lookup, n_ctx=n_ctx, threads=threads, device=device, max_batch=max_batch,
+        target=target, chain=chain, lookup=lookup, n_ctx=n_ctx, threads=threads, device=device,
+        gpu_layers=list(gpu_layers) or None, max_batch=max_batch,
         max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key,
         memory=memory, memory_tokens=memory_tokens, max_body_bytes=max_body_bytes,
@@ -355,14 +366,16 @@ def models_cmd(cache_dir) -> None:
 @click.option("--load", "load_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Show a saved profile (--json's, or the GPU check's) instead of measuring.")
 @click.option("--exact", is_flag=True, help="Profile the exact kernels (generate/serve --exact), kept apart from the default ones.")
+@_gpu_layers_option
 @_cache_option
-def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exact, cache_dir) -> None:
+def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exact, gpu_layers, cache_dir) -> None:
     """Measure (or show the cached) seconds of a forward over n tokens, per model."""
     from specrouter.router.profiler import PROFILE_BATCHES, load_or_profile, profile_lookups, read_profile
 
     if load_file is not None:
-        if model_specs or force or exact:
-            raise InvalidParameterError("--load shows a saved profile: it measures nothing (no --models, --force, --exact)")
+        if model_specs or force or exact or gpu_layers:
+            raise InvalidParameterError("--load shows a saved profile: it measures nothing (no --models, --force, "
+                                        "--exact, --gpu-layers)")
         profile = read_profile(load_file)
     else:
         if repeats < 1:
@@ -370,7 +383,8 @@ def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exac
         specs = parse_chain(model_specs) if model_specs else _pulled_pool(cache_dir)
         if not specs:
             raise InvalidParameterError("no model to profile: run `specrouter pull`, or give --models")
-        pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=max(PROFILE_BATCHES), exact=exact)
+        pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=max(PROFILE_BATCHES), exact=exact,
+                    gpu_layers=GpuLayers.parse(gpu_layers))
         try:
             models = [pool.model(s) for s in specs if s not in MODEL_FREE]
             profile = load_or_profile(models, repeats=repeats, force=force)

@@ -22,6 +22,7 @@ from specrouter.cascade.chain import Chain, Level
 from specrouter.errors import BackendError, InvalidParameterError
 from specrouter.convert import resolve_torch_model, split_torch_name
 from specrouter.models import DEFAULT_POOL, resolve_model
+from specrouter.offload import GpuLayers
 from specrouter.vocab import check_shared_tokenizer
 
 #: Draft length per level when none is given: 4 is where llama.cpp's own speculative
@@ -61,6 +62,8 @@ class Pool:
     #: Exact kernels for llama.cpp models (backends/llamacpp.py): every verified row
     #: bit-identical to one-token decoding; torch models cannot join such a pool.
     exact: bool = False
+    #: Layers of each llama.cpp model offloaded to a GPU (specrouter/offload.py; none by default).
+    gpu_layers: GpuLayers = GpuLayers()
     _loaded: dict[str, Backend] = field(default_factory=dict)
 
     def level(self, spec: str) -> Level:
@@ -91,7 +94,7 @@ class Pool:
             name = spec if spec in DEFAULT_POOL else Path(spec).stem
             self._loaded[key] = LlamaCppBackend(
                 path, name=name, n_ctx=self.n_ctx, n_seq_max=self.n_seq_max, n_threads=self.n_threads,
-                exact=self.exact,
+                exact=self.exact, n_gpu_layers=self.gpu_layers.of(spec),
             )
         return self._loaded[key]
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from specrouter.backends.base import ForwardBackend, Run, TimingKey
-from specrouter.errors import BackendError, ModelFileError
+from specrouter.errors import BackendError, InvalidParameterError, ModelFileError
 
 try:
     import llama_cpp as _ll
@@ -72,6 +72,10 @@ def _quiet_log(level, text, user_data):  # llama.cpp logs every tensor load to s
         print(text.decode("utf-8", "replace"), end="")
 
 
+def _layers(n_gpu_layers: int) -> str:
+    return "every layer" if n_gpu_layers < 0 else f"{n_gpu_layers} layers"
+
+
 def _init_once() -> None:
     global _INITIALISED
     if not _INITIALISED:
@@ -92,21 +96,32 @@ class LlamaCppBackend(ForwardBackend):
         n_threads: int | None = None,
         n_batch: int = 512,
         exact: bool = False,
+        n_gpu_layers: int = 0,
     ) -> None:
-        """exact: every forward's rows bit-identical to one-token decoding (module docstring)."""
+        """exact: every forward's rows bit-identical to one-token decoding (module docstring);
+        n_gpu_layers: layers llama.cpp offloads to a GPU (-1: all; specrouter/offload.py),
+        refused by a build without a GPU backend and in exact mode (its kernels are the CPU's)."""
         super().__init__()
         if exact and n_batch % EXACT_ROWS:
             raise ValueError(f"exact mode needs n_batch to be a multiple of {EXACT_ROWS}, got {n_batch}")
         path = Path(path)
         self.name = name or path.stem
         self.path = path
-        _check_gguf(path)
+        if n_gpu_layers and exact:
+            raise InvalidParameterError(f"{self.name}: exact mode runs llama.cpp's CPU kernels (docs/bit-exact.md); "
+                                        "it cannot offload layers to a GPU (--gpu-layers)")
         _init_once()
+        if n_gpu_layers and not _ll.llama_supports_gpu_offload():
+            raise BackendError(f"{self.name}: --gpu-layers asks llama.cpp to offload {_layers(n_gpu_layers)} to a "
+                               "GPU, but this build of llama-cpp-python has no GPU backend (build it with "
+                               "`make setup GPU=cuda`; README: GGUF models on a GPU)")
+        _check_gguf(path)
+        self.n_gpu_layers = n_gpu_layers
         self.exact = exact
         if exact:
             _exact_process()
         mparams = _ll.llama_model_default_params()
-        mparams.n_gpu_layers = 0
+        mparams.n_gpu_layers = n_gpu_layers
         self._model = _ll.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise ModelFileError(f"llama.cpp could not load {path} (unsupported architecture or damaged file)")
@@ -213,7 +228,8 @@ class LlamaCppBackend(ForwardBackend):
             self._free_slots.append(seq)
 
     def timing_key(self) -> TimingKey:
-        return TimingKey(self.kind, self.path, None, self.n_threads, kernels="exact" if self.exact else "default")
+        gpu = f"llama.cpp offload of {_layers(self.n_gpu_layers)}" if self.n_gpu_layers else None
+        return TimingKey(self.kind, self.path, None, self.n_threads, gpu, kernels="exact" if self.exact else "default")
 
     # Tokenizer -----------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:

@@ -18,6 +18,7 @@ from specrouter.engine.prefill import PREFILL_SHARE
 from specrouter.engine.request import check_max_tokens
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError
+from specrouter.offload import GpuLayers
 
 DEFAULT_MODELS = ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 
@@ -62,6 +63,8 @@ class ServeConfig(BaseModel):
     n_ctx: int = Field(4096, ge=16, description="context window per sequence")
     threads: int | None = Field(None, ge=1, description="CPU threads per model (default: all cores)")
     device: str = Field("cpu", description="where torch models run (cpu, cuda, cuda:N)")
+    gpu_layers: list[str] = Field([], description="layers of llama.cpp models offloaded to a GPU: N for every model, "
+                                                  "MODEL=N for one (-1: all; needs a GPU build of llama-cpp-python)")
     cache_dir: Path | None = Field(None, description="folder of pulled models")
     profile: Path | None = Field(None, description="router costs from this JSON profile for the models it names")
     max_batch: int = Field(4, ge=1, description="sequences generating at once")
@@ -111,6 +114,16 @@ class ServeConfig(BaseModel):
     def _check_max_tokens(cls, value: Any) -> Any:
         check_max_tokens(value)
         return value
+
+    @field_validator("gpu_layers")
+    @classmethod
+    def _check_gpu_layers(cls, value: list[str]) -> list[str]:
+        GpuLayers.parse(value)
+        return value
+
+    @property
+    def offload(self) -> GpuLayers:
+        return GpuLayers.parse(self.gpu_layers)
 
     @field_validator("lookup")
     @classmethod

@@ -31,7 +31,7 @@ def build_engine(config: ServeConfig) -> Iterator[Engine]:
     """The pool, its router and the scheduler as `config` says; the models close on exit."""
     # One KV slot per model for every sequence that can run at once.
     pool = Pool(cache_dir=config.cache_dir, n_ctx=config.n_ctx, n_threads=config.threads,
-                n_seq_max=config.max_batch, device=config.device, exact=config.exact)
+                n_seq_max=config.max_batch, device=config.device, exact=config.exact, gpu_layers=config.offload)
     try:
         router = auto_router(pool, config.served, config.models, profile_file=config.profile, lookup=config.lookup,
                              memory=config.suffix_memory())

@@ -89,7 +89,8 @@ def test_serve_flags_and_environment_override_the_file(served, tmp_path):
     path = tmp_path / "serve.toml"
     path.write_text(TOML)
     args = ["serve", "--config", str(path), "--port", "9200", "--max-batch", "3", "--chain", "off",
-            "--models", f"{SMALL},{TARGET}", "--host", "0.0.0.0", "--request-timeout", "0", "--profile", "costs.json"]
+            "--models", f"{SMALL},{TARGET}", "--host", "0.0.0.0", "--request-timeout", "0", "--profile", "costs.json",
+            "--gpu-layers", "-1", "--gpu-layers", f"{SMALL}=0"]
     result = CliRunner().invoke(main, args, env={"SPECROUTER_API_KEY": "from-env"})
     assert result.exit_code != 0 and "draft_lengths needs an explicit chain" in result.output  # the file's lengths
     path.write_text(TOML.replace("draft_lengths = [3, 2]", ""))
@@ -98,6 +99,7 @@ def test_serve_flags_and_environment_override_the_file(served, tmp_path):
     c = served[-1]
     assert (c.port, c.max_batch, c.chain, c.host, c.request_timeout, c.api_key, c.max_queue, c.profile) == (
         9200, 3, "off", "0.0.0.0", 0, "from-env", 5, Path("costs.json"))
+    assert (c.offload.of(TARGET), c.offload.of(SMALL)) == (-1, 0)
 
 
 def test_serve_with_a_bad_flag_exits_2_with_one_line(served):
