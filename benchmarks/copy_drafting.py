@@ -84,14 +84,14 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
     servers, server_errors = open_peers(peers, files, target.n_threads, n_ctx=4096)
     methods.update({label: server_runner(server, target.eos_ids) for label, server in servers.items()})
     memories = {}
-    for method, lookup in AUTO.items():
-        if MODEL_FREE[lookup].remembers:
-            memories[method] = SuffixMemory()
-        # Each router its own folder under router_dir: their estimates must not mix.
-        router = auto_router(pool, TARGET, [TARGET], profile_dir=router_dir / lookup, progress=False, lookup=lookup,
-                             memory=memories.get(method))
-        methods[method] = lambda tokens, params, n, router=router: run_routed(router, tokens, params, n)
     try:
+        for method, lookup in AUTO.items():
+            if MODEL_FREE[lookup].remembers:
+                memories[method] = SuffixMemory()
+            # Each router its own folder under router_dir: their estimates must not mix.
+            router = auto_router(pool, TARGET, [TARGET], profile_dir=router_dir / lookup, progress=False,
+                                 lookup=lookup, memory=memories.get(method))
+            methods[method] = lambda tokens, params, n, router=router: run_routed(router, tokens, params, n)
         runs = compare(methods, prompts, pool, max_tokens, {m: MODES[m] for m in modes}, prefilled=())
     finally:  # a failed run must not leave its servers idling beside the next one
         if native is not None:

@@ -11,7 +11,8 @@ of that source):
 - `--spec-type ngram-simple` (a 12-token lookup n-gram, 48-token drafts) and the same with a
   4-token n-gram and 16-token drafts (prompt lookup's usual setting; our fixed chains');
 - `--spec-type ngram-map-k` (keys of 12, values of 48 tokens);
-- draft-model speculation with the 0.5B (`-md`, up to 3 drafted tokens).
+- draft-model speculation with the 0.5B (`--spec-type draft-simple -md`, up to 3 drafted tokens;
+  `-md` alone infers no type from this GGUF and never drafts).
 
 Every server has one slot, the engine's context (4,096) and threads, and no prompt cache
 (`--cache-ram 0`; requests send `cache_prompt: false`): every request starts cold, as the

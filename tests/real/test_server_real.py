@@ -3,7 +3,6 @@ the openai client, stopped with SIGINT."""
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,12 @@ import jsonschema
 import openai
 import pytest
 
+from benchmarks.servers import free_port
+
 from .conftest import REFERENCE_TOKENS, SMALL, TARGET
 
 CLI = str(Path(sys.executable).with_name("specrouter"))
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout: float) -> None:

@@ -6,19 +6,15 @@ joins the latest cluster started on this machine, which, under pytest-xdist, was
 worker's two-node Cluster (its serve.shutdown then killed this worker's Serve controller).
 The modules that start Ray are marked `ray`: `make test` runs them apart, one at a time."""
 
-import socket
 from pathlib import Path
 
 import ray
 from ray import serve
 
+from benchmarks.servers import free_port
+
 ROOT = Path(__file__).resolve().parents[3]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def connect(address: str = "local", **init) -> str:
