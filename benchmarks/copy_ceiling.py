@@ -2,7 +2,8 @@
 there: a replay of the target's own greedy text, on this machine's measured forward costs.
 
     python -m benchmarks.copy_ceiling [--per-workload 10] [--max-tokens 256] [--stem NAME]
-    python -m benchmarks.copy_ceiling --render benchmarks/results/NAME.json
+    python -m benchmarks.copy_ceiling --measure benchmarks/results/NAME.json   # validation, real models
+    python -m benchmarks.copy_ceiling --render benchmarks/results/NAME.json    # report only
 
 Recording (once, real models): per task of the copy workloads (benchmarks/workloads.py), the
 target's greedy answer, and at every position i of it the suffix drafter's proposal of up to
