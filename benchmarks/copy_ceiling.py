@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
 import time
 from collections import defaultdict
@@ -47,6 +46,7 @@ from pathlib import Path
 
 from benchmarks.chains import RESULTS, TARGET
 from benchmarks.machine import machine_info
+from benchmarks.measure import forward_costs
 from benchmarks.workloads import WORKLOADS, load
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -74,7 +74,7 @@ def record(per_workload: int, max_tokens: int) -> dict:
     pool = Pool(n_ctx=4096, n_seq_max=1)
     try:
         target = pool.level(TARGET)
-        costs = forward_ms(target)
+        costs = forward_costs(pool, [TARGET], COST_POINTS, repeats=3)[TARGET]
         tasks = []
         for workload in WORKLOADS:
             for task in load(workload, per_workload):
@@ -99,7 +99,7 @@ def measure(result: dict) -> dict:
     pool = Pool(n_ctx=4096, n_seq_max=1)
     try:
         target = pool.level(TARGET)
-        costs = forward_ms(target, repeats=7)
+        costs = forward_costs(pool, [TARGET], COST_POINTS, repeats=7)[TARGET]
         with tempfile.TemporaryDirectory() as fresh:  # no saved profile or estimates
             router = auto_router(pool, TARGET, [TARGET], profile_dir=Path(fresh), progress=False, lookup="suffix")
             runs = []
@@ -135,26 +135,6 @@ def validation(result: dict) -> dict[str, dict[str, float]]:
     replayed = router_replay(result["tasks"], Costs(measured["costs_ms"]))
     return {group: {"measured": round(alone / auto, 3), "replayed": replayed[group],
                     "error": round(replayed[group] / (alone / auto) - 1, 3)} for group, (alone, auto) in sums.items()}
-
-
-def forward_ms(target, repeats: int = 3) -> dict[int, float]:
-    """Median ms of one forward of n tokens after a cached 64-token prefix."""
-    seq = target.new_sequence()
-    text = target.tokenize("def quicksort(items):\n    return sorted(items)\n" * 40)
-    base, costs = 64, {}
-    try:
-        target.decode(seq, text[:base], 0, 1)
-        for n in COST_POINTS:
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                target.decode(seq, text[base:base + n], base, n)
-                times.append(time.perf_counter() - start)
-                target.remove(seq, base)
-            costs[n] = round(statistics.median(times) * 1e3, 2)
-    finally:
-        target.free_sequence(seq)
-    return costs
 
 
 def rows(prompt: list[int], out: list[int]) -> list[Row]:

@@ -93,14 +93,15 @@ def forward_costs(pool: Pool, names: Sequence[str], ks=(1, 2, 3, 4, 6, 8, 12, 16
     for name in names:
         model = pool.level(name)
         seq = model.new_sequence()
-        prefix = model.tokenize("def quicksort(items):\n" * 8)[:64]
+        text = model.tokenize("def quicksort(items):\n    return sorted(items)\n" * (8 + max(ks) // 8))
+        prefix, fed = text[:64], text[64:]
         model.decode(seq, prefix, 0, 1)
         row = {}
         for k in ks:
             times = []
             for _ in range(repeats):
                 start = time.perf_counter()
-                model.decode(seq, prefix[:k], len(prefix), k)
+                model.decode(seq, fed[:k], len(prefix), k)
                 times.append(time.perf_counter() - start)
                 model.remove(seq, len(prefix))
             row[k] = round(statistics.median(times) * 1000, 1)
