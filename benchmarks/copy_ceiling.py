@@ -45,12 +45,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks.chains import RESULTS, TARGET
+from benchmarks.copy_drafting import build_prompts
 from benchmarks.machine import machine_info
 from benchmarks.measure import forward_costs
-from benchmarks.workloads import WORKLOADS, load
+from benchmarks.workloads import WORKLOADS
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.chat import chat_prompt_tokens
 from specrouter.backends.replay import ReplayBackend, Script
 from specrouter.drafters.suffix import SuffixDrafter, SuffixIndex
 from specrouter.engine import generate, generate_stream
@@ -63,7 +63,6 @@ from specrouter.router.scheduler import Router
 
 MAX_DRAFT = 64
 LOOKUP_MS = 0.05
-FIRST_TURN_TOKENS = 256
 GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48, 64)
 COST_POINTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65)
 #: One recorded position: (match length, support, candidates, tokens proposed, L).
@@ -76,18 +75,12 @@ def record(per_workload: int, max_tokens: int) -> dict:
         target = pool.level(TARGET)
         costs = forward_costs(pool, [TARGET], COST_POINTS, repeats=3)[TARGET]
         tasks = []
-        for workload in WORKLOADS:
-            for task in load(workload, per_workload):
-                answer = None
-                if task.first_turn is not None:
-                    answer = generate(Chain([target], []), chat_prompt_tokens(target, task.first_turn),
-                                      SamplingParams(), FIRST_TURN_TOKENS).text
-                prompt = chat_prompt_tokens(target, task.messages(answer))
-                r = generate(Chain([target], []), prompt, SamplingParams(), max_tokens)
-                out = list(r.token_ids)
-                # the answer ended at EOS (not in token_ids) rather than at max_tokens
-                tasks.append({"workload": workload, "id": task.id, "prompt": prompt, "answer": out,
-                              "eos": r.finish_reason == "stop", "rows": rows(prompt, out)})
+        for workload, task_id, prompt in build_prompts(target, per_workload)[0]:
+            r = generate(Chain([target], []), prompt, SamplingParams(), max_tokens)
+            out = list(r.token_ids)
+            # the answer ended at EOS (not in token_ids) rather than at max_tokens
+            tasks.append({"workload": workload, "id": task_id, "prompt": prompt, "answer": out,
+                          "eos": r.finish_reason == "stop", "rows": rows(prompt, out)})
     finally:
         pool.close()
     return {"costs_ms": costs, "tasks": tasks}
