@@ -14,7 +14,7 @@ side by side: the idle Ray instances' controllers took about 20% of a core from 
 server was measured.) Reports per method and c the
 median over repeats of total generated tokens/s, time to first token and the gaps between
 text chunks (median, p95) and request latency, and the median over repeats of each round's
-ratio to that round's first single-process run. Every server starts from a fresh cache
+ratio to the geometric mean of that round's first and last single-process runs. Every server starts from a fresh cache
 folder per thread count (the pulled models linked, profiles measured at the first start,
 no saved estimates), with --chain as given (default off: the comparison is of serving
 paths; the engine's work per token is the same). Writes JSON and markdown to
@@ -137,19 +137,25 @@ def run(levels: list[int], per_slot: int, max_tokens: int, chain: str, repeats: 
 
 def summary(rounds: list[dict]) -> list[dict]:
     """Per concurrency and method: medians over the repeats, and the median of each round's
-    ratio of tokens/s to that round's first single-process run."""
+    ratio of tokens/s to that round's single-process runs, first and last (their geometric
+    mean: a machine that drifts within a round at a steady pace cancels out; until
+    2026-12-03 the ratio was to the first run alone)."""
     out = []
     for c in sorted({r["concurrency"] for r in rounds}):
         mine = [r["methods"] for r in rounds if r["concurrency"] == c]
         for label, _ in ROUND:
             runs = [m[label] for m in mine]
             out.append({"concurrency": c, "method": label,
-                        "ratio": statistics.median(m[label]["tokens_per_s"] / m["single 1x2"]["tokens_per_s"]
-                                                   for m in mine),
+                        "ratio": statistics.median(m[label]["tokens_per_s"] / bracket(m) for m in mine),
                         **{k: statistics.median(run[k] for run in runs)
                            for k in ("tokens_per_s", "ttft_median_s", "ttft_p95_s", "gap_median_s", "gap_p95_s",
                                      "e2e_median_s")}})
     return out
+
+
+def bracket(methods: dict) -> float:
+    """The geometric mean of a round's first and last single-process tokens/s."""
+    return (methods["single 1x2"]["tokens_per_s"] * methods["single 1x2 (last)"]["tokens_per_s"]) ** 0.5
 
 
 def markdown(result: dict) -> str:
@@ -160,8 +166,8 @@ def markdown(result: dict) -> str:
              f"{result['max_tokens']} new tokens, streamed completions over HTTP on loopback; at concurrency c a "
              f"closed loop of c x {result['requests_per_slot']} requests. One server up at a time; "
              f"{result['repeats']} rounds, each starting the servers in the order shown and running every c on each. "
-             "Values: medians over the rounds; ratio: the median of each round's tokens/s over that round's first "
-             "single-process run.", "",
+             "Values: medians over the rounds; ratio: the median of each round's tokens/s over the geometric mean of "
+             "that round's first and last single-process runs.", "",
              "| method | c | tok/s | ratio | TTFT median / p95 (ms) | chunk gap median / p95 (ms) | "
              "request median (s) |", "|---|---|---|---|---|---|---|"]
     for r in result["summary"]:

@@ -55,6 +55,25 @@ APP_NAME = "specrouter"
 STALE_REPORTS = 3
 #: Seconds a drain may take beyond its grace period (ending the requests left, Ray's round trips).
 DRAIN_MARGIN = 30.0
+#: Ray Serve's settings for a fleet, read by Serve from the environment of each of its
+#: processes (serve_env: the job's runtime environment carries them to the controller, the
+#: proxy and the replicas; a variable the user set wins). On a machine whose cores also run
+#: the engines, every millisecond Serve spends is taken from a forward:
+#: - its throughput mode: calls between deployments over gRPC, the replica's code on its own
+#:   event loop instead of a separate thread (one thread hop less per streamed chunk);
+#: - without its direct ingress (which that mode turns on): the ingress would then listen on
+#:   ports of its own instead of the one endpoint the proxy serves on --host/--port;
+#: - the controller's loop every 0.5 s instead of 0.1 s and metrics exported every second
+#:   instead of every 0.1 s: what an idle fleet costs in CPU (a replica restart or a scaling
+#:   decision waits up to 0.4 s longer).
+#: Measured in docs/fleet.md.
+SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
+             "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000"}
+
+
+def serve_env() -> dict[str, str]:
+    """SERVE_ENV, with the values the user's environment sets instead."""
+    return {name: os.environ.get(name, value) for name, value in SERVE_ENV.items()}
 
 
 class ReplicaStartError(SpecRouterError):
@@ -244,12 +263,14 @@ def serve_fleet(config: ServeConfig) -> None:
     more than the machine has oversubscribes its cores, as the user asked, instead of
     leaving replicas unscheduled forever). Without --ray-address the instance is always a new
     one (Ray's "local"): a bare ray.init() would join whatever cluster was last started on
-    this machine."""
+    this machine. Serve runs with SERVE_ENV (a cluster whose Serve is already running keeps
+    its own settings)."""
     local = {}
     if config.ray.address is None:
         table = config.ray
         local["num_cpus"] = max(os.cpu_count() or 1, (config.threads or 1) * (table.max_replicas or table.replicas))
-    ray.init(address=config.ray.address or "local", include_dashboard=False, log_to_driver=False, **local)
+    ray.init(address=config.ray.address or "local", include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": serve_env()}, **local)
     stop, starting = threading.Event(), [True]
 
     def on_signal(*_) -> None:

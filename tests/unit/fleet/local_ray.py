@@ -12,15 +12,17 @@ import ray
 from ray import serve
 
 from benchmarks.servers import free_port
+from specrouter.fleet.deploy import serve_env
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 
 def connect(address: str = "local", **init) -> str:
-    """ray.init(address, **init) with the checkout on the workers' path, then Serve on a free
-    port; returns the base URL."""
-    ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, **init)
+    """ray.init(address, **init) with the checkout on the workers' path and Serve's settings
+    as `serve --ray` sets them (deploy.SERVE_ENV), then Serve on a free port; returns the base URL."""
+    ray.init(address=address, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **serve_env()}}, **init)
     port = free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
     return f"http://127.0.0.1:{port}"
