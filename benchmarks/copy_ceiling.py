@@ -2,7 +2,7 @@
 there: a replay of the target's own greedy text, on this machine's measured forward costs.
 
     python -m benchmarks.copy_ceiling [--per-workload 10] [--max-tokens 256] [--stem NAME]
-    python -m benchmarks.copy_ceiling --measure benchmarks/results/NAME.json   # validation, real models
+    python -m benchmarks.copy_ceiling --measure benchmarks/results/NAME.json [--repeats 1]  # validation, real models
     python -m benchmarks.copy_ceiling --render benchmarks/results/NAME.json    # report only
 
 Recording (once, real models): per task of the copy workloads (benchmarks/workloads.py), the
@@ -29,15 +29,19 @@ No Python overhead, no prefill: an upper bound on what that policy would measure
   cost profile measured on the simulated clock. Its output must equal the recorded answer.
 
 Validation (`--measure`, real models again): the same router setup and the target alone run
-for real on the recorded prompts (per task: alone, auto, alone), timed from the first token
-to the last (the replay prices no prefill), with the forward costs measured again at the
-start of that run; the replay with those costs is set beside the measured speed-ups.
+for real on the recorded prompts (per task: alone, then --repeats x (auto, alone)), timed
+from the first token to the last (the replay prices no prefill), with the forward costs
+measured again at the start of that run; the replay with those costs is set beside the
+measured speed-ups, and the share of auto's cycles that drafted beside the replay's (its
+choices compared; a real run whose text left the recorded one at a near-tie is counted as
+it ran).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from collections import defaultdict
@@ -54,6 +58,7 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.backends.replay import ReplayBackend, Script
 from specrouter.drafters.suffix import SuffixDrafter, SuffixIndex
 from specrouter.engine import generate, generate_stream
+from specrouter.engine.request import GenerationResult
 from specrouter.pool import Pool
 from specrouter.router import auto_router
 from specrouter.router.acceptance import AcceptanceEstimator
@@ -86,9 +91,11 @@ def record(per_workload: int, max_tokens: int) -> dict:
     return {"costs_ms": costs, "tasks": tasks}
 
 
-def measure(result: dict) -> dict:
-    """The validation run (module docstring): per task, decode seconds of the target alone
-    (twice) and of auto, for real; the forward costs measured first."""
+def measure(result: dict, repeats: int = 1) -> dict:
+    """The validation run (module docstring): per task, the target alone, then `repeats`
+    times auto and the target alone again (decode seconds), for real; the forward costs
+    measured first. Per auto run also its cycles, the cycles it drafted in, and whether its
+    text was the recorded answer (a near-tie may make it another)."""
     pool = Pool(n_ctx=4096, n_seq_max=1)
     try:
         target = pool.level(TARGET)
@@ -98,36 +105,65 @@ def measure(result: dict) -> dict:
             runs = []
             for task in result["tasks"]:
                 n = len(task["answer"]) + task["eos"]
-                alone = [decode_seconds(Chain([target], []), task["prompt"], n)]
-                auto = decode_seconds(router, task["prompt"], n)
-                alone.append(decode_seconds(Chain([target], []), task["prompt"], n))
+                alone = [decode_seconds(Chain([target], []), task["prompt"], n)[0]]
+                auto = []
+                for _ in range(repeats):
+                    seconds, r = decode_seconds(router, task["prompt"], n)
+                    auto.append({"seconds": seconds, **cycle_counts(r), "same": r.token_ids == task["answer"]})
+                    alone.append(decode_seconds(Chain([target], []), task["prompt"], n)[0])
                 runs.append({"workload": task["workload"], "id": task["id"], "alone": alone, "auto": auto})
     finally:
         pool.close()
-    return {"machine": machine_info(), "costs_ms": costs, "runs": runs}
+    return {"machine": machine_info(), "costs_ms": costs, "repeats": repeats, "runs": runs}
 
 
-def decode_seconds(method, prompt: list[int], max_tokens: int) -> float:
-    """Seconds from the first streamed text to the end of the generation."""
+def cycle_counts(r: GenerationResult) -> dict[str, int]:
+    """A generation's cycles, and those whose chain drafted (more than the target alone)."""
+    drafting = [len(chain) > 1 for chain, _ in r.chains_used]
+    return {"cycles": r.cycles, "drafted": sum(drafting[i] for i in r.chains_per_cycle)}
+
+
+def decode_seconds(method, prompt: list[int], max_tokens: int) -> tuple[float, GenerationResult]:
+    """Seconds from the first streamed text to the end of the generation, and its result."""
     first = None
     for item in generate_stream(method, prompt, SamplingParams(), max_tokens):
         if first is None:
             first = time.perf_counter()
-    return time.perf_counter() - first
+    assert isinstance(item, GenerationResult)
+    return time.perf_counter() - first, item
 
 
 def validation(result: dict) -> dict[str, dict[str, float]]:
-    """Per workload: the measured speed-up of auto (decode time; the alone runs averaged) and
-    the replay's with the costs measured in the same run."""
+    """Per workload: the measured speed-up of auto (decode time; per task the mean of its
+    alone runs and of its auto runs) and the replay's with the costs measured in the same
+    run; where the run kept them, the share of auto's cycles that drafted, measured and
+    replayed (the router's choices, compared), and how many of auto's real runs wrote the
+    recorded answer."""
     measured = result["measured"]
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    cycles: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # drafted, cycles, same text, runs
     for run in measured["runs"]:
+        auto = run["auto"] if isinstance(run["auto"], list) else [{"seconds": run["auto"]}]  # files before repeats
         for group in (run["workload"], "all"):
-            sums[group][0] += sum(run["alone"]) / 2
-            sums[group][1] += run["auto"]
-    replayed = router_replay(result["tasks"], Costs(measured["costs_ms"]))
-    return {group: {"measured": round(alone / auto, 3), "replayed": replayed[group],
-                    "error": round(replayed[group] / (alone / auto) - 1, 3)} for group, (alone, auto) in sums.items()}
+            sums[group][0] += statistics.fmean(run["alone"])
+            sums[group][1] += statistics.fmean(a["seconds"] for a in auto)
+            for a in auto:
+                if "cycles" in a:
+                    cycles[group][0] += a["drafted"]
+                    cycles[group][1] += a["cycles"]
+                    cycles[group][2] += a["same"]
+                    cycles[group][3] += 1
+    replayed, replayed_cycles = router_replay(result["tasks"], Costs(measured["costs_ms"]))
+    out = {}
+    for group, (alone, auto) in sums.items():
+        out[group] = {"measured": round(alone / auto, 3), "replayed": replayed[group],
+                      "error": round(replayed[group] / (alone / auto) - 1, 3)}
+        if cycles[group][1]:
+            drafted, total = replayed_cycles[group]
+            out[group]["drafted_measured"] = round(cycles[group][0] / cycles[group][1], 3)
+            out[group]["drafted_replayed"] = round(drafted / total, 3)
+            out[group]["same_text"] = f"{cycles[group][2]}/{cycles[group][3]}"
+    return out
 
 
 def rows(prompt: list[int], out: list[int]) -> list[Row]:
@@ -220,8 +256,9 @@ def class_policies(rows: Sequence[Row], t: Costs) -> dict[str, dict[int, int]]:
     return out
 
 
-def router_replay(tasks: list[dict], t: Costs) -> dict[str, float]:
-    """Per workload, the target alone's simulated time over auto's, replayed (module docstring)."""
+def router_replay(tasks: list[dict], t: Costs) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
+    """Per workload, the target alone's simulated time over auto's, replayed (module
+    docstring); and auto's (drafted cycles, cycles) there."""
     target = ReplayBackend(TARGET, [Script(task["prompt"], task["answer"], task["eos"]) for task in tasks],
                            latency=lambda n: t(n) / 1e3)
 
@@ -231,6 +268,7 @@ def router_replay(tasks: list[dict], t: Costs) -> dict[str, float]:
     router = Router(target, [], OnlineCosts(CostProfile({target.name: profile_model(target, clock=clock)})),
                     AcceptanceEstimator(), lookup="suffix")
     seconds: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    cycles: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for i, task in enumerate(tasks):
         prompt, answer = target.play(i)
         n = len(answer) + task["eos"]
@@ -241,8 +279,13 @@ def router_replay(tasks: list[dict], t: Costs) -> dict[str, float]:
                 raise AssertionError(f"{task['id']}: the replay did not reproduce the recorded answer")
             for group in (task["workload"], "all"):
                 seconds[group][j] += clock() - start
+                if method is router:
+                    counts = cycle_counts(r)
+                    cycles[group][0] += counts["drafted"]
+                    cycles[group][1] += counts["cycles"]
     target.play(None)
-    return {group: round(alone / routed, 3) for group, (alone, routed) in seconds.items()}
+    return ({group: round(alone / routed, 3) for group, (alone, routed) in seconds.items()},
+            {group: (drafted, total) for group, (drafted, total) in cycles.items()})
 
 
 def evaluate(result: dict) -> dict:
@@ -267,7 +310,7 @@ def evaluate(result: dict) -> dict:
             row[f"per class, {model} (pooled stats)"] = speedup(lambda r, p=pooled[model]: p.get(match_class(r), 0))
         table[name] = row
         chosen[name] = {model: {str(c): k for c, k in sorted(own[model].items())} for model in own}
-    replayed = router_replay(result["tasks"], t)
+    replayed = router_replay(result["tasks"], t)[0]
     for name, row in table.items():
         row["auto, replayed"] = replayed[name]
     return {"speedups": table, "draft_lengths": chosen}
@@ -296,10 +339,16 @@ def markdown(result: dict) -> str:
         tm = Costs(result["measured"]["costs_ms"])
         lines += ["", f"## Validation: replayed against measured ({mm['date']}, {mm['cpu']})", "",
                   f"Command: `{mm['command']}`. Decode time (first token to last), per workload the sum over its "
-                  "tasks; the target alone ran before and after auto on every task (averaged). Forward of n tokens "
+                  f"tasks; per task the target alone first, then {result['measured'].get('repeats', 1)} x (auto, the "
+                  "target alone), "
+                  "each method's runs averaged. Forward of n tokens "
                   "in that run (ms): " + ", ".join(f"{n}: {tm(n):.0f}" for n in (1, 2, 4, 8, 17, 33, 65)) + ".", "",
-                  "| workload | measured | replayed | replay error |", "|---|---|---|---|"]
-        lines += [f"| {g} | {r['measured']} | {r['replayed']} | {r['error']:+.1%} |" for g, r in v.items()]
+                  "| workload | measured | replayed | replay error | cycles that drafted, measured / replayed | "
+                  "auto runs that wrote the recorded answer |", "|---|---|---|---|---|---|"]
+        lines += [f"| {g} | {r['measured']} | {r['replayed']} | {r['error']:+.1%} | "
+                  + (f"{r['drafted_measured']:.1%} / {r['drafted_replayed']:.1%} | {r['same_text']} |"
+                     if "drafted_measured" in r else "| |")
+                  for g, r in v.items()]
     lines += ["", "## Draft length per match class (own stats; 0: the target alone)", "",
               "| workload | model | " + " | ".join(str(c) for c in CLASSES) + " |", "|---" * (len(CLASSES) + 2) + "|"]
     for name, models in ev["draft_lengths"].items():
@@ -317,12 +366,13 @@ def main() -> None:
     ap.add_argument("--render", type=Path, default=None, help="only evaluate and rewrite the report of a saved result")
     ap.add_argument("--measure", type=Path, default=None,
                     help="run the validation on a saved result's prompts and add it to that result")
+    ap.add_argument("--repeats", type=int, default=1, help="--measure: runs of auto per task (each followed by alone)")
     args = ap.parse_args()
     if args.render or args.measure:
         path = args.render or args.measure
         result = json.loads(path.read_text())
         if args.measure:
-            result["measured"] = measure(result)
+            result["measured"] = measure(result, args.repeats)
         if "measured" in result:
             result["validation"] = validation(result)
     else:

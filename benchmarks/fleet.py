@@ -11,10 +11,10 @@ within a round), and runs every concurrency c on it after a warm-up request: a c
 keeps c streamed completions in flight until c x requests-per-slot have finished
 (first-turn prompts: HumanEval and GSM8K texts, greedy). (Until 2026-12-03 the three were up
 side by side: the idle Ray instances' controllers took about 20% of a core from whichever
-server was measured.) Reports per method and c the
-median over repeats of total generated tokens/s, time to first token and the gaps between
-text chunks (median, p95) and request latency, and the median over repeats of each round's
-ratio to the geometric mean of that round's first and last single-process runs. Every server starts from a fresh cache
+server was measured.) Reports per method and c the median over repeats of total generated
+tokens/s, time to first token and the gaps between text chunks (median, p95) and request
+latency, and the median over repeats of each round's ratio to the geometric mean of that
+round's first and last single-process runs. Every server starts from a fresh cache
 folder per thread count (the pulled models linked, profiles measured at the first start,
 no saved estimates), with --chain as given (default off: the comparison is of serving
 paths; the engine's work per token is the same). Writes JSON and markdown to

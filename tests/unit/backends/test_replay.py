@@ -4,7 +4,7 @@ and the simulated time is the engine's own forwards priced by the latency."""
 import numpy as np
 import pytest
 
-from benchmarks.copy_ceiling import Costs, replay, rows
+from benchmarks.copy_ceiling import Costs, cycle_counts, replay, router_replay, rows, validation
 from specrouter.backends.replay import ReplayBackend, Script
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -75,3 +75,34 @@ def test_a_fixed_suffix_chain_costs_what_the_ceilings_replay_counts(k):
     prompt = target.compact(target.scripts[index].prompt)
     expected = replay(rows(prompt, answer), lambda r: k, t, lookup_ms=0.0) / 1e3
     assert seconds == pytest.approx(expected)
+
+
+def test_cycle_counts_count_the_cycles_whose_chain_drafted():
+    target = model()
+    alone, _, _ = run(Chain([target], []), target, 0)
+    assert cycle_counts(alone) == {"cycles": alone.cycles, "drafted": 0}
+    drafted, _, _ = run(Chain([SuffixDrafter(), target], [16]), target, 0)
+    assert cycle_counts(drafted) == {"cycles": drafted.cycles, "drafted": drafted.cycles}
+    routed, _, _ = run(make_router(target, [], lookup="suffix"), target, 0)
+    chains = [routed.chains_used[i][0] for i in routed.chains_per_cycle]
+    assert cycle_counts(routed) == {"cycles": routed.cycles, "drafted": sum(len(c) > 1 for c in chains)}
+
+
+def test_validation_sets_the_measured_speedup_and_choices_beside_the_replayed_ones():
+    tasks = [{"workload": "code-edit", "id": str(i), "prompt": s.prompt, "answer": s.answer, "eos": s.eos}
+             for i, s in enumerate(scripts())]
+    costs = {str(n): 40.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32, 65)}
+    runs = [{"workload": "code-edit", "id": str(i), "alone": [2.0, 3.0],
+             "auto": [{"seconds": 1.0, "cycles": 10, "drafted": 4, "same": i != 0},
+                      {"seconds": 1.5, "cycles": 10, "drafted": 6, "same": True}]} for i in range(3)]
+    v = validation({"tasks": tasks, "measured": {"costs_ms": costs, "runs": runs}})
+    replayed, replayed_cycles = router_replay(tasks, Costs(costs))
+    drafted, total = replayed_cycles["code-edit"]
+    assert 0 < drafted < total  # the router drafted where the answer copies, and not everywhere
+    for group in ("code-edit", "all"):
+        assert v[group] == {"measured": 2.0, "replayed": replayed[group], "error": round(replayed[group] / 2.0 - 1, 3),
+                            "drafted_measured": 0.5, "drafted_replayed": round(drafted / total, 3), "same_text": "5/6"}
+    # a run recorded before repeats: one auto time per task, no cycles
+    old = [{"workload": "code-edit", "id": str(i), "alone": [2.0, 3.0], "auto": 1.25} for i in range(3)]
+    assert validation({"tasks": tasks, "measured": {"costs_ms": costs, "runs": old}})["all"] == \
+        {"measured": 2.0, "replayed": replayed["all"], "error": round(replayed["all"] / 2.0 - 1, 3)}
