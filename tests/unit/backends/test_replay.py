@@ -84,8 +84,9 @@ def test_cycle_counts_count_the_cycles_whose_chain_drafted():
     drafted, _, _ = run(Chain([SuffixDrafter(), target], [16]), target, 0)
     assert cycle_counts(drafted) == {"cycles": drafted.cycles, "drafted": drafted.cycles}
     routed, _, _ = run(make_router(target, [], lookup="suffix"), target, 0)
-    chains = [routed.chains_used[i][0] for i in routed.chains_per_cycle]
-    assert cycle_counts(routed) == {"cycles": routed.cycles, "drafted": sum(len(c) > 1 for c in chains)}
+    counts = cycle_counts(routed)
+    # the answer copies stretches of its prompt (drafted) between edits (the target alone)
+    assert counts["cycles"] == routed.cycles and 0 < counts["drafted"] < routed.cycles
 
 
 def test_validation_sets_the_measured_speedup_and_choices_beside_the_replayed_ones():
