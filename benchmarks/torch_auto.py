@@ -1,0 +1,168 @@
+"""auto over the fp32 torch target where a new user meets it: chat and summarisation
+prompts, short answers (48 and 128 new tokens), against the target alone.
+
+    python -m benchmarks.torch_auto [--per-set 4] [--lengths 48,128] [--router-dir DIR] [--stem NAME]
+
+The fp32 torch 1.5B is the target where model drafts pay on this CPU (a q4 0.5B draft
+token costs a few % of its forward: benchmarks/torch_target.py); the copy-drafting issue
+asks auto to reach 1.5x the target alone on chat and summarisation at 48 and at 128 new
+tokens, where a short answer leaves little to amortise exploration and a draft model's
+prefill of the prompt over.
+
+Sets: `chat`, MT-Bench first turns (one user message); `summary`, FastChat documentation
+pages of 1,000-6,000 characters to summarise in three sentences (benchmarks.workloads
+summaries: a long prompt, a short answer). Greedy. Per prompt and length: the target alone
+first and last (both runs pooled: the reference of every ratio), the fixed chain
+q4 0.5B -> fp32 1.5B [16] and auto in between, in an order that rotates from turn to
+turn; the prompts' two lengths follow one another. One auto router for the whole run (as a
+server or a user's saved estimates keep it) over the q4 0.5B, the q4 1.5B and the target,
+with the default model-free level, started as --router-dir says (default: fresh, the
+profile measured at the start). Tokens/s is the whole generation's wall time, prompt
+included: what a user waits for. Writes <stem>.json and .md to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from benchmarks.args import router_start
+from benchmarks.chains import RESULTS, run_order, static_runner
+from benchmarks.machine import machine_info
+from benchmarks.measure import run_routed
+from benchmarks.prompts import load as load_prompts
+from benchmarks.summary import BASELINE, baseline_drift, ratio_table, summarise
+from benchmarks.workloads import summaries
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.chat import chat_prompt_tokens
+from specrouter.pool import Pool
+from specrouter.router import auto_router
+
+TARGET = "qwen2.5-coder-1.5b:torch-fp32"
+SMALL, MID = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"  # llama.cpp q4
+CHAIN = "0.5b q4 -> 1.5b fp32 [16]"
+AUTO = "auto"
+BAR = 1.5
+GREEDY = SamplingParams()
+
+
+def build_prompts(target, per_set: int) -> list[tuple[str, str, list[int]]]:
+    """(set, id, prompt tokens), the sets alternating so that a run stopped early stays balanced."""
+    chat = [(p.id, [{"role": "user", "content": p.text}]) for p in load_prompts("mtbench", per_set)]
+    summary = [(t.id, t.messages()) for t in summaries(per_set)]
+    out = []
+    for pair in zip(chat, summary):
+        for name, (pid, messages) in zip(("chat", "summary"), pair):
+            out.append((name, pid, chat_prompt_tokens(target, messages)))
+    return out
+
+
+def run(per_set: int, lengths: list[int], router_dir: Path | None) -> dict:
+    started = time.perf_counter()
+    router_dir, router_state = router_start(router_dir)
+    pool = Pool(n_ctx=4096, n_seq_max=1)
+    target = pool.level(TARGET)
+    prompts = build_prompts(target, per_set)
+    router = auto_router(pool, TARGET, [SMALL, MID, TARGET], profile_dir=router_dir, progress=False)
+    methods = {BASELINE: static_runner(pool, [TARGET], ()), CHAIN: static_runner(pool, [SMALL, TARGET], (16,)),
+               AUTO: lambda tokens, params, n: run_routed(router, tokens, params, n)}
+    setup = time.perf_counter() - started
+    runs, turn = [], 0
+    try:
+        with tqdm(total=len(prompts) * len(lengths) * (len(methods) + 1), desc="runs", unit="run") as bar:
+            for dataset, pid, tokens in prompts:
+                for n in lengths:
+                    for position, method in enumerate(run_order(list(methods), turn)):
+                        bar.set_postfix_str(f"{dataset} {pid} {n} {method}")
+                        record, ids = methods[method](tokens, GREEDY, n)
+                        reference = ids if position == 0 else reference
+                        record.update(dataset=dataset, prompt=pid, mode=f"{n} tokens", method=method,
+                                      position=position, prompt_tokens=len(tokens), same_as_target=ids == reference)
+                        runs.append(record)
+                        bar.update(1)
+                    turn += 1
+    finally:
+        pool.close()
+    summary = summarise(runs)
+    return {
+        "machine": machine_info(),
+        "settings": {"per_set": per_set, "lengths": lengths, "target": TARGET, "pool": [SMALL, MID, TARGET],
+                     "chain": CHAIN, "router_start": router_state},
+        "phase_seconds": {"setup": round(setup, 1), "main": round(time.perf_counter() - started - setup, 1)},
+        "runs": runs,
+        "summary": summary,
+        "ratios": ratio_table(summary),
+        "baseline_drift": [round(d, 3) for d in baseline_drift(runs)],
+        "auto_chains": auto_chains(runs),
+    }
+
+
+def auto_chains(runs: list[dict]) -> dict[str, dict[str, int]]:
+    """Per 'set | length': cycles auto ran per chain, most used first."""
+    out: dict[str, dict[str, int]] = {}
+    for r in runs:
+        if r["method"] == AUTO:
+            counts = out.setdefault(f"{r['dataset']} | {r['mode']}", {})
+            for i in r["chains_per_cycle"]:
+                counts[r["chain_labels"][i]] = counts.get(r["chain_labels"][i], 0) + 1
+    return {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in out.items()}
+
+
+def markdown(result: dict) -> str:
+    m, s = result["machine"], result["settings"]
+    ratios = result["ratios"]
+    columns = [f"{d} | {n} tokens" for n in s["lengths"] for d in ("chat", "summary", "all")]
+    drift = result["baseline_drift"]
+    lines = [
+        f"# auto over the fp32 torch target, short answers ({m['date']})", "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, llama-cpp-python {m['llama_cpp_python']}. "
+        f"Command: `{m['command']}`. Run time {sum(result['phase_seconds'].values()) / 60:.1f} min. "
+        f"Router at the start: {s['router_start']}.", "",
+        f"Target {s['target']}; auto's pool {', '.join(s['pool'])} (+ the model-free level). {s['per_set']} prompts "
+        "per set (chat: MT-Bench first turns; summary: a documentation page to summarise in three sentences), "
+        "greedy, per prompt and length the target alone first and last (pooled: the reference), the others between. "
+        "Tokens/s: the whole generation, prompt included. The target alone's second run over its first, per prompt "
+        f"and length (the noise floor): {min(drift):.2f}-{max(drift):.2f}." if drift else "", "",
+        f"## Median ratio to the target alone (per prompt; the bar for auto: {BAR}x)", "",
+        "| method | " + " | ".join(c.replace(" | ", ", ") for c in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for method, values in ratios.items():
+        lines.append(f"| {method} | " + " | ".join(str(values.get(c, "")) for c in columns) + " |")
+    lines += ["", "## Details", "", "| method | set, length | median tok/s | greedy identical |", "|---|---|---|---|"]
+    for key, v in result["summary"].items():
+        method, dataset, mode = key.split(" | ")
+        lines.append(f"| {method} | {dataset}, {mode} | {v['median_tokens_per_second']} | {v['identical_outputs']} |")
+    lines += ["", "## Chains auto ran (cycles)", ""]
+    lines += [f"- {key}: " + ", ".join(f"{c} {n}" for c, n in chains.items())
+              for key, chains in result["auto_chains"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--per-set", type=int, default=4, help="prompts per set (chat, summary)")
+    ap.add_argument("--lengths", default="48,128", help="comma-separated new-token limits")
+    ap.add_argument("--router-dir", type=Path, help="the router's starting profile and estimates "
+                    "(default: none saved, the profile measured at the start)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--stem", help="name of the result files (default: torch-auto-<date>)")
+    ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
+    args = ap.parse_args()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    result = (json.loads(args.render.read_text()) if args.render is not None
+              else run(args.per_set, lengths, args.router_dir))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.stem or f"torch-auto-{result['machine']['date'][:10]}"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    md = markdown(result)
+    (args.out / f"{stem}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
