@@ -43,7 +43,6 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -57,7 +56,7 @@ from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.backends.replay import ReplayBackend, Script
 from specrouter.drafters.suffix import SuffixDrafter, SuffixIndex
-from specrouter.engine import generate, generate_stream
+from specrouter.engine import generate
 from specrouter.engine.request import GenerationResult
 from specrouter.pool import Pool
 from specrouter.router import auto_router
@@ -65,6 +64,8 @@ from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.costs import CostProfile, OnlineCosts
 from specrouter.router.profiler import profile_model
 from specrouter.router.scheduler import Router
+from specrouter.sim.simulate import drafted_cycles
+from specrouter.sim.validate import decode_seconds
 
 MAX_DRAFT = 64
 LOOKUP_MS = 0.05
@@ -119,18 +120,7 @@ def measure(result: dict, repeats: int = 1) -> dict:
 
 def cycle_counts(r: GenerationResult) -> dict[str, int]:
     """A generation's cycles, and those whose chain drafted (more than the target alone)."""
-    drafting = [len(chain) > 1 for chain, _ in r.chains_used]
-    return {"cycles": r.cycles, "drafted": sum(drafting[i] for i in r.chains_per_cycle)}
-
-
-def decode_seconds(method, prompt: list[int], max_tokens: int) -> tuple[float, GenerationResult]:
-    """Seconds from the first streamed text to the end of the generation, and its result."""
-    first = None
-    for item in generate_stream(method, prompt, SamplingParams(), max_tokens):
-        if first is None:
-            first = time.perf_counter()
-    assert isinstance(item, GenerationResult)
-    return time.perf_counter() - first, item
+    return {"cycles": r.cycles, "drafted": drafted_cycles(r)}
 
 
 def validation(result: dict) -> dict[str, dict[str, float]]:

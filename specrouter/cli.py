@@ -1,4 +1,4 @@
-"""`specrouter` command line: generate, serve, pull, models, profile.
+"""`specrouter` command line: generate, serve, pull, models, profile (and convert, simulate).
 
 Flag and JSON field names are a stable interface (scripts rely on them): see README.
 Every SpecRouterError becomes one line on stderr and exit code 2, never a traceback.
@@ -15,6 +15,7 @@ import click
 from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
+from specrouter.cli_sim import simulate
 from specrouter.cli_torch import convert
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import GenerationResult, generate_stream
@@ -49,6 +50,7 @@ def main() -> None:
 
 
 main.add_command(convert)
+main.add_command(simulate)
 
 
 _cache_option = click.option(

@@ -8,22 +8,33 @@ it, routed or fixed, commit exactly the recorded answer, whatever its drafts pro
 simulated clock (SyntheticBackend's `simulated_seconds`, `latency(n)` per forward of n
 tokens) says what the run would have cost on the machine the latency describes.
 
+- A draft model is replayed from its recorded Track (specrouter.sim.trace records it):
+  its greedy token and top probability after prompt + answer[:j], teacher-forced on the
+  target's text, and where that token is wrong, what it drafts on after it (a branch).
+  A block starts on the path (the committed text), and under greedy decoding every token
+  a model emits, drafted or as a verifier's correction, is its own argmax: so every
+  context a single draft model sees, drafting or verifying a lookup's proposals, is the
+  path or the path plus its own branch. Chains of the target, one draft model and a
+  model-free drafter are therefore replayed as they ran (tests/unit/sim), up to a
+  branch's recorded length. With two draft models the lower one's rows after the upper
+  one's wrong token are not recorded (OFF): such chains are approximate off the path.
 - Rows off the recorded path (after a rejected proposal, or any other context) are one
   fixed token's (OFF); no greedy chain commits them. Only greedy runs are replayed.
-- Ids are remapped to a compact vocabulary (the distinct ids of every script, then EOS and
-  OFF): a model-free drafter compares ids only, so its proposals, and every decision made
-  from them, are those of the real run. A model draft would need its own recorded rows: not
-  modelled here.
-- The prompt is not priced: a forward's cost counts only the tokens it feeds at positions
-  from the prompt's last token on (the prefill is the same for every method compared, and
-  the copy ceiling's replay leaves it out too). While no script is current (a profiler's
-  probes), every token counts.
+- Ids are remapped to a compact vocabulary (the distinct ids of every script, every
+  recorded draft token and the target's EOS ids, then OFF), one Vocabulary shared by the
+  models of one replay: a model-free drafter compares ids only, so its proposals (an EOS
+  copied from a prompt's chat turns included), and every decision made from them, are
+  those of the real run.
+- The prompt is not priced unless asked (`price_prompt`): a forward's cost counts only the
+  tokens it feeds at positions from the prompt's last token on (the prefill is the same for
+  every method compared, and the copy ceiling's replay leaves it out too). While no script
+  is current (a profiler's probes), every token counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,43 +54,139 @@ class Script:
     eos: bool
 
 
+def peak_for(p: float, n_vocab: int) -> float:
+    """The logit of a row's one token (every other 0) whose softmax gives it probability p:
+    p = e^L / (e^L + n_vocab - 1). Kept > 0, so that token stays the argmax (a p below
+    1 / n_vocab, which no argmax has in the real vocabulary, is not reproduced)."""
+    p = min(max(p, 1e-9), 1 - 1e-12)
+    return max(float(np.log(p / (1 - p) * (n_vocab - 1))), 1e-3)
+
+
+@dataclass(frozen=True)
+class Track:
+    """A draft model's recorded behaviour along one script (original ids):
+    `argmax[j]` its greedy token after prompt + answer[:j] (j = 0..len(answer)) and
+    `confidence[j]` its top probability there; `branches[q]`, at a position q where its
+    token is not the answer's, its greedy continuation after prompt + answer[:q] +
+    [argmax[q]] (what it drafts on after its first wrong token in a block) and the
+    confidences of those tokens."""
+
+    argmax: list[int]
+    confidence: list[float]
+    branches: dict[int, tuple[list[int], list[float]]] = field(default_factory=dict)
+
+    def tokens(self) -> list[int]:
+        return [*self.argmax, *(t for tokens, _ in self.branches.values() for t in tokens)]
+
+
+class Vocabulary:
+    """The compact ids of one replay (shared by its models): the distinct original ids of
+    `tokens` and `eos_ids`, in order, then OFF. The target's EOS ids stay EOS ids wherever
+    they occur (a prompt's chat turns end with one, and a lookup drafter that copies it
+    proposes an EOS); without any, one id after the others is EOS (before OFF)."""
+
+    def __init__(self, tokens: Iterable[int], eos_ids: Iterable[int] = ()) -> None:
+        eos = sorted(set(eos_ids))
+        ids = sorted(set(tokens) | set(eos))
+        self._compact = {t: i for i, t in enumerate(ids)}
+        self.eos_ids = frozenset(self._compact[t] for t in eos) if eos else frozenset({len(ids)})
+        self.end = min(self.eos_ids)  # the EOS that ends an answer stopped at EOS
+        self.off = len(ids) + (0 if eos else 1)
+        self.size = self.off + 1
+
+    @classmethod
+    def of(cls, scripts: Sequence[Script], tracks: Iterable[Sequence[Track]] = (),
+           eos_ids: Iterable[int] = ()) -> Vocabulary:
+        """Every id the scripts and the recorded draft tokens (per model, per script) use."""
+        tokens = [t for s in scripts for t in (*s.prompt, *s.answer)]
+        tokens += [t for per_script in tracks for track in per_script for t in track.tokens()]
+        return cls(tokens, eos_ids)
+
+    def __call__(self, tokens: Sequence[int]) -> list[int]:
+        return [self._compact[t] for t in tokens]
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix (bisection over slice comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class ReplayBackend(SyntheticBackend):
     """Replays `scripts`, one at a time: `play(i)` makes script i current and returns its
-    prompt and answer in this model's ids."""
+    prompt and answer in this model's ids. `tracks` (one per script): what this draft model
+    did along each (its rows there have its recorded token and top probability); None: the
+    model is the target whose answers these are. Any other context gets OFF at PEAK.
+    Models replayed together share one `vocabulary` (default: this model's own)."""
 
     def __init__(self, name: str, scripts: Sequence[Script], latency: Callable[[int], float],
-                 params_b: float = 1.0) -> None:
-        ids = sorted({t for s in scripts for t in (*s.prompt, *s.answer)})
-        self._compact = {t: i for i, t in enumerate(ids)}
-        eos, self.off = len(ids), len(ids) + 1
-        super().__init__(name, vocab=len(ids) + 2, eos_id=eos, latency=latency, params_b=params_b, order=0)
-        self.scripts = list(scripts)
-        self._path: list[int] = []
+                 params_b: float = 1.0, tracks: Sequence[Track] | None = None,
+                 vocabulary: Vocabulary | None = None, price_prompt: bool = False) -> None:
+        if tracks is not None and ([len(t.argmax) for t in tracks] != [len(s.answer) + 1 for s in scripts]
+                                   or any(len(t.confidence) != len(t.argmax) for t in tracks)):
+            raise ValueError(f"{name}: a track needs len(answer) + 1 tokens and confidences per script")
+        self.vocabulary = vocabulary or Vocabulary.of(scripts, [tracks] if tracks is not None else [])
+        self.off = self.vocabulary.off
+        super().__init__(name, vocab=self.vocabulary.size, latency=latency, params_b=params_b, order=0)
+        self.eos_ids = self.vocabulary.eos_ids
+        self.scripts, self.tracks, self.price_prompt = list(scripts), tracks, price_prompt
+        self._path: list[int] = []  # prompt + answer, compact
+        self._next: list[tuple[int, float]] = []  # (token, logit) after path[:prompt + j]
+        self._branches: dict[int, tuple[int, list[tuple[int, float]]]] = {}  # q -> (wrong token, rows after it)
         self._prompt = 0
 
     def compact(self, tokens: Sequence[int]) -> list[int]:
-        return [self._compact[t] for t in tokens]
+        return self.vocabulary(tokens)
 
     def play(self, index: int | None) -> tuple[list[int], list[int]]:
         """Make script `index` current (None: none) and return its (prompt, answer), compact."""
         if index is None:
-            self._path, self._prompt = [], 0
+            self._path, self._next, self._branches, self._prompt = [], [], {}, 0
             return [], []
         s = self.scripts[index]
         prompt, answer = self.compact(s.prompt), self.compact(s.answer)
-        self._path = prompt + answer + ([min(self.eos_ids)] if s.eos else [])
-        self._prompt = len(prompt)
+        self._path, self._prompt = prompt + answer, len(prompt)
+        if self.tracks is None:
+            self._next = [(t, PEAK) for t in answer + [self.vocabulary.end if s.eos else self.off]]
+            self._branches = {}
+        else:
+            track = self.tracks[index]
+            rows = self._rows(track.argmax, track.confidence)
+            self._next = rows
+            self._branches = {q: (rows[q][0], self._rows(tokens, conf)) for q, (tokens, conf) in track.branches.items()}
         return prompt, answer
 
+    def _rows(self, tokens: Sequence[int], confidence: Sequence[float]) -> list[tuple[int, float]]:
+        return [(t, peak_for(c, self.n_vocab)) for t, c in zip(self.compact(tokens), confidence, strict=True)]
+
     def logits_for(self, context: Sequence[int]) -> np.ndarray:
-        n = len(context)
-        on_path = self._prompt <= n < len(self._path) and list(context) == self._path[:n]
         row = np.zeros(self.n_vocab)
-        row[self._path[n] if on_path else self.off] = PEAK
+        token, logit = self._row(list(context))
+        row[token] = logit
         return row
+
+    def _row(self, context: list[int]) -> tuple[int, float]:
+        n, p = len(context), self._prompt
+        if not self._path or n < p:
+            return self.off, PEAK
+        if n <= len(self._path) and context == self._path[:n]:
+            return self._next[n - p]
+        d = common_prefix(context, self._path)  # context[d] is the first token off the path
+        branch = self._branches.get(d - p)
+        if branch is not None and context[d] == branch[0] and n - d - 1 < len(branch[1]):
+            rows = branch[1]
+            if all(context[d + 1 + i] == rows[i][0] for i in range(n - d - 1)):
+                return rows[n - d - 1]
+        return self.off, PEAK
 
     def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
         logits = self._extend(seq, tokens, pos, n_logits)
-        unpriced = max(0, min(len(tokens), self._prompt - 1 - pos))  # prompt tokens before its last
-        self._charge(len(tokens) - unpriced)
+        unpriced = 0 if self.price_prompt else max(0, min(len(tokens), self._prompt - 1 - pos))
+        self._charge(len(tokens) - unpriced)  # the prompt's tokens before its last: unpriced
         return logits

@@ -1,0 +1,152 @@
+"""The trace-driven simulator (specrouter.sim) on the committed prompt sets: recorded once here
+with the real models, validated against real runs on this machine, then asked what a GPU
+would do (roofline: a simulation, labelled so).
+
+    python -m benchmarks.simulation [--per-dataset 5] [--max-tokens 128] [--repeats 1] [--stem NAME]
+    python -m benchmarks.simulation --trace benchmarks/results/NAME-trace.json [--no-validate]
+
+1. Record (skipped with --trace): HumanEval (raw completion), GSM8K and MT-Bench (first
+   turn, chat), the default q4 llama.cpp 1.5B target with the q4 0.5B recorded beside it
+   (branches of 24 tokens: the router's longest model draft); the trace is written beside
+   the results (<stem>-trace.json).
+2. Validate (specrouter.sim.validate): per request the target alone, then --repeats times
+   auto and the target alone again, for real; the simulation on the same measured profile.
+3. Predict: the target alone, the best two- and three-level fixed chains (chosen per dataset
+   with hindsight) and auto, on this machine's profile (the validation's) and on roofline
+   H100 / H200 profiles with 5 ms and 0.5 ms per forward (fp16 weights), batch 1.
+Writes <stem>.json and .md to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from benchmarks.chains import RESULTS, SMALL, TARGET, load_prompts
+from benchmarks.machine import machine_info
+from specrouter.pool import Pool
+from specrouter.router.costs import CostProfile
+from specrouter.sim.roofline import device, roofline_profile
+from specrouter.sim.simulate import ALONE, AUTO, predict
+from specrouter.sim.trace import Trace, record
+from specrouter.sim.validate import validate
+
+BRANCH_TOKENS = 24
+ROOFLINES = (("h100", 5.0), ("h200", 5.0), ("h200", 0.5))
+
+
+def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None, stem: str, out: Path,
+        do_validate: bool) -> dict:
+    phases: dict[str, float] = {}
+    started = time.perf_counter()
+    pool = Pool(n_ctx=4096, n_seq_max=1)
+    try:
+        if trace_file is None:
+            target = pool.model(TARGET)
+            trace = record(target, [pool.model(SMALL)], load_prompts(target, per_dataset), max_tokens, BRANCH_TOKENS,
+                           note=f"{machine_info()['cpu']}, {machine_info()['date']}",
+                           progress=lambda what: print(f"recording {what}", flush=True))
+            trace_file = out / f"{stem}-trace.json"
+            trace.save(trace_file)
+            phases["record"] = time.perf_counter() - started
+        else:
+            trace = Trace.load(trace_file)
+        checked = None
+        if do_validate:
+            mark = time.perf_counter()
+            checked = validate(trace, pool, repeats=repeats, progress=lambda what: print(f"running {what}", flush=True))
+            phases["validate"] = time.perf_counter() - mark
+    finally:
+        pool.close()
+    mark = time.perf_counter()
+    profiles: dict[str, CostProfile] = {}
+    if checked is not None:
+        profiles["this machine (measured)"] = CostProfile.from_dict(checked.profile)
+    for name, overhead in ROOFLINES:
+        dev = device(name, overhead)
+        profiles[f"{dev.name}, {overhead} ms per forward: SIMULATION"] = roofline_profile(dev, trace.params_b)
+    predictions = predict_all(trace, profiles)
+    phases["predict"] = time.perf_counter() - mark
+    return {
+        "machine": machine_info(),
+        "trace": {"file": str(trace_file), "target": trace.target, "drafts": trace.drafts,
+                  "requests": len(trace.requests), "tokens": sum(len(r.answer) for r in trace.requests),
+                  "max_tokens": trace.max_tokens, "branch_tokens": trace.branch_tokens, "note": trace.note},
+        "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
+        "validation": None if checked is None else {
+            "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok,
+            "groups": {g: {"measured": c.measured, "simulated": c.simulated, "error": round(c.error, 4),
+                           "same_text": c.same_text} for g, c in checked.groups.items()}},
+        "predictions": predictions,
+    }
+
+
+def predict_all(trace: Trace, profiles: dict[str, CostProfile]) -> dict[str, dict]:
+    """Per profile: the target alone, auto and the best fixed chain of each depth (per
+    dataset), their speed-ups; auto's share of drafting cycles; a few forward costs."""
+    out = {}
+    for label, profile in profiles.items():
+        p = predict(trace, profile)
+        rows = {ALONE: p.speedup[ALONE], AUTO: p.speedup[AUTO]}
+        for which, per_group in p.best.items():
+            rows[which] = {g: p.speedup[chain][g] for g, chain in per_group.items()}
+        out[label] = {"speedup": rows, "best": p.best, "auto_drafted": p.drafted[AUTO],
+                      "costs_ms": {m: {str(n): round(profile.seconds(m, n) * 1e3, 2) for n in (1, 4, 16)}
+                                   for m in profile.tables}}
+    return out
+
+
+def markdown(result: dict) -> str:
+    m, t = result["machine"], result["trace"]
+    lines = [f"# Trace-driven simulation ({m['date']})", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores, llama-cpp-python {m['llama_cpp_python']}. Command: "
+             f"`{m['command']}`. Phases (s): {result['phase_seconds']}.", "",
+             f"Trace: {t['requests']} requests ({t['tokens']} tokens, at most {t['max_tokens']} each), target "
+             f"{t['target']}, drafts {', '.join(t['drafts'])}, branches of {t['branch_tokens']} tokens; recorded: "
+             f"{t['note']}. Greedy, batch 1, prefill not priced. Speed-up: median per request of the target alone's "
+             "(simulated or measured decode) time over the method's.", ""]
+    v = result["validation"]
+    if v is not None:
+        lines += [f"## Validation on this machine (auto, {v['repeats']} run(s) per request)", "",
+                  "| dataset | measured | simulated | error | real runs with the recorded text |", "|---|---|---|---|---|"]
+        lines += [f"| {g} | {c['measured']:.3f} | {c['simulated']:.3f} | {c['error']:+.1%} | {c['same_text']} |"
+                  for g, c in v["groups"].items()]
+        lines += ["", f"Within {v['max_error']:.0%} everywhere: **{v['ok']}**.", ""]
+    for label, p in result["predictions"].items():
+        groups = list(p["speedup"][ALONE])
+        lines += [f"## {label}", "", "| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+        for method, per_group in p["speedup"].items():
+            lines.append(f"| {method} | " + " | ".join(f"{per_group[g]:.3f}" for g in groups) + " |")
+        lines += ["", "Best fixed chains (per dataset): " + "; ".join(
+            f"{which}: " + ", ".join(f"{g} {c}" for g, c in per_group.items()) for which, per_group in p["best"].items()),
+            f"auto drafted in {p['auto_drafted']['all']:.0%} of its cycles. Forward costs (ms, n = 1 / 4 / 16): "
+            + "; ".join(f"{mm} {c['1']} / {c['4']} / {c['16']}" for mm, c in p["costs_ms"].items()), ""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--per-dataset", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1, help="auto runs per request in the validation")
+    ap.add_argument("--trace", type=Path, help="replay this trace instead of recording one")
+    ap.add_argument("--no-validate", action="store_true", help="predict only (no real runs)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--stem", help="name of the result files (default: simulation-<date>)")
+    ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.stem or f"simulation-{machine_info()['date'][:10]}"
+    result = (json.loads(args.render.read_text()) if args.render is not None
+              else run(args.per_dataset, args.max_tokens, args.repeats, args.trace, stem, args.out,
+                       not args.no_validate))
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    md = markdown(result)
+    (args.out / f"{stem}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

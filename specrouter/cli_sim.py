@@ -1,0 +1,168 @@
+"""`specrouter simulate`: record a trace with the real models, replay it on any cost profile,
+or validate the replay against this machine's real runs (specrouter.sim).
+
+Registered on the main command group by specrouter.cli.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from specrouter.chat import chat_prompt_tokens
+from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
+from specrouter.errors import InvalidParameterError
+from specrouter.pool import Pool, parse_chain
+
+DEFAULT_TARGET, DEFAULT_DRAFTS = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+
+
+def read_prompts(file: Path, target) -> list[tuple[str, str, list[int]]]:
+    """JSON Lines, one request per line: {"prompt": raw text} or {"messages": [chat]}, with
+    an optional "id" (default: the line number) and "group" (default: "all")."""
+    out = []
+    try:
+        lines = Path(file).read_text().splitlines()
+    except OSError as exc:
+        raise InvalidParameterError(f"cannot read the prompts {file}: {exc.strerror or exc}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or ("prompt" in row) == ("messages" in row):
+                raise ValueError('one of "prompt" (text) or "messages" (a chat) is needed')
+            tokens = (target.tokenize(row["prompt"]) if "prompt" in row
+                      else chat_prompt_tokens(target, row["messages"]))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidParameterError(f"{file}, line {number}: {exc}") from None
+        if not tokens:
+            raise InvalidParameterError(f"{file}, line {number}: the prompt is empty")
+        out.append((str(row.get("group", "all")), str(row.get("id", number)), tokens))
+    if not out:
+        raise InvalidParameterError(f"{file} holds no prompt")
+    return out
+
+
+@click.command("simulate")
+@click.argument("trace_file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--record", "prompts_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Record TRACE_FILE from these prompts (JSON Lines: {\"prompt\": text} or {\"messages\": chat}, "
+                   "optional \"id\" and \"group\") with the real models, instead of replaying it.")
+@click.option("--target", default=DEFAULT_TARGET, show_default=True, help="With --record: the target.")
+@click.option("--drafts", default=DEFAULT_DRAFTS, show_default=True,
+              help="With --record: comma-separated draft models recorded beside the target ('' for none).")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="With --record: tokens per answer.")
+@click.option("--branch-tokens", type=int, default=24, show_default=True,
+              help="With --record: how far a draft is recorded past a wrong token (a longer draft is replayed "
+                   "approximately beyond it).")
+@click.option("--profile", "profile_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Replay on this cost profile (`specrouter profile --json`, or the GPU check's).")
+@click.option("--roofline", type=click.Choice(["h100", "h200"]),
+              help="Replay on a roofline profile of this device (a simulation of a machine that is not here).")
+@click.option("--overhead-ms", type=float, help="With --roofline: fixed cost of one forward (default 5 ms).")
+@click.option("--bytes-per-param", type=float, default=2.0, show_default=True,
+              help="With --roofline: weight bytes per parameter (2: fp16/bf16).")
+@click.option("--validate", is_flag=True, help="Run the trace's requests for real here (target alone, auto) and "
+              "compare with the replay on this machine's profile; exit 1 when off by more than --max-error.")
+@click.option("--repeats", type=int, default=1, show_default=True, help="With --validate: auto runs per request.")
+@click.option("--max-error", type=float, default=0.10, show_default=True,
+              help="With --validate: the largest relative error of a simulated speed-up allowed.")
+@click.option("--lookup", type=click.Choice(list(MODEL_FREE)), default=DEFAULT_LOOKUP, show_default=True,
+              help="auto's model-free drafter (and the fixed chains').")
+@click.option("--json", "json_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write the result to this JSON file.")
+@click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
+@click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
+              help="Folder of pulled models (default: $SPECROUTER_CACHE or the user cache dir).")
+def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens, profile_file, roofline, overhead_ms,
+             bytes_per_param, validate, repeats, max_error, lookup, json_file, threads, cache_dir) -> None:
+    """Trace-driven simulation of the target alone, every fixed chain and auto.
+
+    Record once (--record PROMPTS), then replay TRACE_FILE on a profile (--profile FILE, or
+    --roofline DEVICE: labelled a simulation) to predict speed-ups, or --validate it here.
+    Greedy only, one request at a time, no prefill priced (docs/simulation.md).
+    """
+    from specrouter.sim.roofline import device, roofline_profile
+    from specrouter.sim.simulate import predict
+    from specrouter.sim.trace import Trace, record
+    from specrouter.sim.validate import validate as run_validation
+
+    modes = sum(x for x in (prompts_file is not None, profile_file is not None or roofline is not None, validate))
+    if modes != 1 or (profile_file is not None and roofline is not None):
+        raise InvalidParameterError("give one of --record PROMPTS, --profile FILE, --roofline DEVICE or --validate")
+    if overhead_ms is not None and roofline is None:
+        raise InvalidParameterError("--overhead-ms goes with --roofline")
+    for name, value, least in (("--max-tokens", max_tokens, 1), ("--branch-tokens", branch_tokens, 1),
+                               ("--repeats", repeats, 1)):
+        if value < least:
+            raise InvalidParameterError(f"{name} must be >= {least}, got {value}")
+    for name, value in (("--max-error", max_error), ("--bytes-per-param", bytes_per_param)):
+        if not value > 0:
+            raise InvalidParameterError(f"{name} must be > 0, got {value}")
+
+    if prompts_file is not None:
+        draft_names = parse_chain(drafts) if drafts.strip() else []
+        if unknown := [d for d in draft_names if d in MODEL_FREE]:
+            raise InvalidParameterError(f"--drafts are models; model-free drafters need no recording: {unknown}")
+        pool = Pool(cache_dir=cache_dir, n_ctx=4096, n_threads=threads, n_seq_max=1)
+        try:
+            model = pool.model(target)
+            prompts = read_prompts(prompts_file, model)
+            trace = record(model, [pool.model(d) for d in draft_names], prompts, max_tokens, branch_tokens,
+                           note=f"recorded by specrouter simulate --record {prompts_file}",
+                           progress=lambda what: click.echo(f"recording {what}", err=True))
+        finally:
+            pool.close()
+        trace.save(trace_file)
+        click.echo(f"{trace_file}: {len(trace.requests)} requests, {sum(len(r.answer) for r in trace.requests)} "
+                   f"tokens, target {trace.target}, drafts {', '.join(trace.drafts) or 'none'}")
+        return
+
+    trace = Trace.load(trace_file)
+    if validate:
+        pool = Pool(cache_dir=cache_dir, n_ctx=4096, n_threads=threads, n_seq_max=1)
+        try:
+            result = run_validation(trace, pool, lookup, repeats, max_error,
+                                    progress=lambda what: click.echo(f"running {what}", err=True))
+        finally:
+            pool.close()
+        click.echo(f"{'group':<16} {'measured':>9} {'simulated':>9} {'error':>7}  same text")
+        for group, g in result.groups.items():
+            click.echo(f"{group:<16} {g.measured:>9.3f} {g.simulated:>9.3f} {g.error:>+7.1%}  {g.same_text}")
+        if json_file:
+            Path(json_file).write_text(json.dumps({"groups": {k: {"measured": g.measured, "simulated": g.simulated,
+                                                                  "error": round(g.error, 4), "same_text": g.same_text}
+                                                              for k, g in result.groups.items()},
+                                                   "max_error": max_error, "ok": result.ok,
+                                                   "profile": result.profile}, indent=1))
+        if not result.ok:
+            click.echo(f"the simulation is off by more than {max_error:.0%}", err=True)
+            sys.exit(1)
+        return
+
+    if roofline is not None:
+        dev = device(roofline, overhead_ms)
+        profile = roofline_profile(dev, trace.params_b, bytes_per_param)
+        label = f"{dev.name}, {dev.overhead_ms} ms per forward, {bytes_per_param} bytes per parameter: SIMULATION"
+    else:
+        from specrouter.router.profiler import read_profile
+
+        profile, label = read_profile(profile_file), f"profile {profile_file}"
+    out = predict(trace, profile, lookup, progress=lambda what: click.echo(f"replaying {what}", err=True))
+    groups = [*trace.groups, "all"]
+    click.echo(f"Simulated speed-up over the target alone (median per request), {label}")
+    click.echo(f"{'method':<44} " + " ".join(f"{g:>10}" for g in groups))
+    rows = {"target alone": "target alone", "auto": "auto"}
+    for which, per_group in out.best.items():
+        rows[which] = per_group["all"]
+    for shown, method in rows.items():
+        name = shown if shown == method else f"{shown}: {method}"
+        click.echo(f"{name:<44} " + " ".join(f"{out.speedup[method][g]:>10.3f}" for g in groups))
+    if json_file:
+        Path(json_file).write_text(json.dumps({"profile": label, "speedup": out.speedup, "drafted": out.drafted,
+                                               "best": out.best}, indent=1))
+

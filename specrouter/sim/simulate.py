@@ -1,0 +1,201 @@
+"""Trace-driven simulation: the real engine, router and cascade over a trace's recorded
+requests (backends/replay.py), on a simulated clock priced by a cost profile.
+
+Every model of the trace becomes a ReplayBackend whose forward of n tokens costs
+profile.seconds(model, n); the clock is the sum of all models' simulated seconds (one
+device, forwards one after another). A method (the target alone, a fixed chain, or the
+router) generates each request greedily with the trace's max_tokens (the router's choices
+depend on the room left) and must commit exactly the recorded answer (else SimulationError): its
+simulated time is then what that run would cost on the machine the profile describes,
+counted exactly as the engine performed its forwards (the same accounting as a synthetic
+run with those latencies). The prompt is not priced unless asked (`price_prompt`): the
+decode is what a method changes; a draft's catch-up on the prompt is priced with it.
+
+Not simulated: the Python work per cycle (0.6-0.7 ms for the router's choice on the EPYC
+runs of docs/copy-drafting.md), sampling (greedy only), batches (one request at a time),
+and the off-path behaviour of intermediate verifiers (backends/replay.py). A model-free
+lookup costs what the profile's lookup_seconds says, not charged to the clock.
+
+The router starts with the profile's costs as its profile (what it would have measured
+on that machine) and fresh acceptance estimates, and serves the trace's requests in order
+(warm after the first, as a server's router is).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from specrouter.backends.replay import ReplayBackend, Vocabulary
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
+from specrouter.engine import generate
+from specrouter.engine.request import GenerationResult
+from specrouter.errors import SpecRouterError
+from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.build import build_router
+from specrouter.router.costs import CostProfile, OnlineCosts
+from specrouter.router.scheduler import Router
+from specrouter.sim.trace import Trace
+
+ALONE = "target alone"
+AUTO = "auto"
+
+
+class SimulationError(SpecRouterError):
+    """A simulated run did not reproduce the recorded answer, or the profile lacks a model."""
+
+
+@dataclass(frozen=True)
+class ChainChoice:
+    """A fixed chain by level names (model-free drafters by their names), target last."""
+
+    names: tuple[str, ...]
+    draft_lengths: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        return " -> ".join(self.names) + (f" [{','.join(map(str, self.draft_lengths))}]" if self.draft_lengths else "")
+
+    @property
+    def depth(self) -> int:
+        return len(self.names)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One method over one request, simulated."""
+
+    group: str
+    id: str
+    seconds: float
+    tokens: int
+    cycles: int
+    drafted_cycles: int  # cycles whose chain drafted (more than the target alone)
+
+
+class Replay:
+    """The trace's models replayed, each priced by `profile`, sharing one vocabulary."""
+
+    def __init__(self, trace: Trace, profile: CostProfile, price_prompt: bool = False) -> None:
+        missing = [m for m in (trace.target, *trace.drafts) if m not in profile.tables]
+        if missing:
+            raise SimulationError(f"the cost profile has no table for {', '.join(missing)}")
+        self.trace, self.profile = trace, profile
+        scripts = [r.script for r in trace.requests]
+        tracks = {d: [r.tracks[d] for r in trace.requests] for d in trace.drafts}
+        vocabulary = Vocabulary.of(scripts, tracks.values(), trace.eos_ids)
+
+        def backend(name: str) -> ReplayBackend:
+            return ReplayBackend(name, scripts, latency=lambda n: profile.seconds(name, n),
+                                 params_b=trace.params_b[name], tracks=tracks.get(name), vocabulary=vocabulary,
+                                 price_prompt=price_prompt)
+
+        self.target = backend(trace.target)
+        self.drafts = [backend(d) for d in trace.drafts]
+        self.models = [*self.drafts, self.target]
+
+    def clock(self) -> float:
+        return sum(m.simulated_seconds for m in self.models)
+
+    def play(self, index: int | None) -> tuple[list[int], list[int]]:
+        for m in self.drafts:
+            m.play(index)
+        return self.target.play(index)
+
+    def chain(self, choice: ChainChoice) -> Chain:
+        by_name = {m.name: m for m in self.models}
+        levels = [MODEL_FREE[n]() if n in MODEL_FREE else by_name[n] for n in choice.names]
+        return Chain(levels, list(choice.draft_lengths))
+
+    def router(self, lookup: str = DEFAULT_LOOKUP) -> Router:
+        return build_router(self.target, self.drafts, OnlineCosts(self.profile), AcceptanceEstimator(), lookup=lookup)
+
+    def run(self, method: Chain | Router) -> list[Run]:
+        """`method` over every request in order (SimulationError where its text is not the recorded one)."""
+        runs = []
+        for i, request in enumerate(self.trace.requests):
+            prompt, answer = self.play(i)
+            start = self.clock()
+            r = generate(method, prompt, SamplingParams(), self.trace.max_tokens, clock=self.clock)
+            if r.token_ids != answer:
+                raise SimulationError(f"{request.id}: the simulated run did not commit the recorded answer")
+            runs.append(Run(request.group, request.id, self.clock() - start, len(answer), r.cycles, drafted_cycles(r)))
+        self.play(None)
+        return runs
+
+
+def drafted_cycles(r: GenerationResult) -> int:
+    """The cycles whose chain drafted (more than the target alone)."""
+    drafting = [len(chain) > 1 for chain, _ in r.chains_used]
+    return sum(drafting[i] for i in r.chains_per_cycle)
+
+
+#: Draft lengths tried for fixed chains: per block of a model-free drafter, of a model draft,
+#: and per pair (level 0, level 1) of a three-level chain.
+LOOKUP_LENGTHS = (2, 4, 8, 16, 32)
+MODEL_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
+PAIR_LENGTHS = tuple((a, b) for a in (1, 2, 4, 8) for b in (2, 4, 8, 16) if b >= a)
+
+
+def candidate_chains(trace: Trace, lookup: str = DEFAULT_LOOKUP) -> list[ChainChoice]:
+    """Every fixed chain of two or three levels over the trace's models and the lookup
+    drafter, draft models in order of size, on the grids above."""
+    drafts = sorted(trace.drafts, key=lambda d: trace.params_b[d])
+    out = [ChainChoice((lookup, trace.target), (k,)) for k in LOOKUP_LENGTHS]
+    out += [ChainChoice((d, trace.target), (k,)) for d in drafts for k in MODEL_LENGTHS]
+    lower = [lookup, *drafts]
+    for j, mid in enumerate(drafts):
+        for first in lower[: j + 1]:
+            out += [ChainChoice((first, mid, trace.target), ks) for ks in PAIR_LENGTHS]
+    return out
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Per method, per group ('all' pools them): the median over requests of the target
+    alone's simulated time over the method's, and the method's share of drafting cycles."""
+
+    speedup: dict[str, dict[str, float]]
+    drafted: dict[str, dict[str, float]]
+    best: dict[str, dict[str, str]]  # 'best 2-level' / 'best 3-level' -> group -> chain label
+
+
+def speedups(alone: Sequence[Run], runs: Sequence[Run], groups: Sequence[str]) -> dict[str, float]:
+    """Per group and 'all': the median per request of alone's seconds over the method's."""
+    ratios = {(a.group, a.id): a.seconds / r.seconds for a, r in zip(alone, runs, strict=True)}
+    out = {g: statistics.median(v for (group, _), v in ratios.items() if group == g) for g in groups}
+    out["all"] = statistics.median(ratios.values())
+    return {g: round(v, 3) for g, v in out.items()}
+
+
+def predict(trace: Trace, profile: CostProfile, lookup: str = DEFAULT_LOOKUP,
+            chains: Sequence[ChainChoice] | None = None, price_prompt: bool = False,
+            progress: Callable[[str], None] | None = None) -> Prediction:
+    """The target alone, every fixed chain of `chains` (default: candidate_chains) and the
+    router, each over the whole trace on `profile`; the best fixed chain of each depth per
+    group is the one with the highest median speed-up there (chosen with hindsight)."""
+    replay = Replay(trace, profile, price_prompt)
+    groups = trace.groups
+    alone = replay.run(replay.chain(ChainChoice((trace.target,), ())))
+    results: dict[str, list[Run]] = {ALONE: alone}
+    for choice in chains if chains is not None else candidate_chains(trace, lookup):
+        if progress is not None:
+            progress(choice.label)
+        results[choice.label] = replay.run(replay.chain(choice))
+    if progress is not None:
+        progress(AUTO)
+    results[AUTO] = replay.run(replay.router(lookup))
+    speedup = {m: speedups(alone, runs, groups) for m, runs in results.items()}
+    drafted = {m: {g: round(sum(r.drafted_cycles for r in runs if g in ("all", r.group))
+                            / max(1, sum(r.cycles for r in runs if g in ("all", r.group))), 3)
+                   for g in (*groups, "all")} for m, runs in results.items()}
+    depth = {m: m.count(" -> ") + 1 for m in results if m not in (ALONE, AUTO)}
+    best = {}
+    for d in (2, 3):
+        labels = [m for m, n in depth.items() if n == d]
+        if labels:
+            best[f"best {d}-level"] = {g: max(labels, key=lambda m: speedup[m][g]) for g in (*groups, "all")}
+    return Prediction(speedup, drafted, best)

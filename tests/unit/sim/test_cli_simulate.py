@@ -1,0 +1,103 @@
+"""`specrouter simulate` on a synthetic trace: the replay on a profile file and on a
+roofline prints (and writes) what predict() computes; bad input is one clear line."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cli import main
+from specrouter.cli_sim import read_prompts
+from specrouter.errors import InvalidParameterError
+from specrouter.router.profiler import read_profile
+from specrouter.sim.roofline import device, roofline_profile
+from specrouter.sim.simulate import predict
+from specrouter.sim.trace import Trace, record
+
+from .test_simulate import CHEAP, models, profile, prompts
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sim")
+    p = profile(CHEAP)
+    target, draft = models(p)
+    record(target, [draft], prompts(), max_tokens=30).save(folder / "trace.json")
+    (folder / "profile.json").write_text(json.dumps(p.as_dict()))
+    return folder
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["simulate", *map(str, args)])
+
+
+def test_a_replay_on_a_profile_prints_and_writes_what_predict_computes(files):
+    result = invoke(files / "trace.json", "--profile", files / "profile.json", "--json", files / "out.json")
+    assert result.exit_code == 0, result.output
+    written = json.loads((files / "out.json").read_text())
+    expected = predict(Trace.load(files / "trace.json"), read_profile(files / "profile.json"))
+    assert written["speedup"] == expected.speedup and written["best"] == expected.best
+    auto = next(line for line in result.output.splitlines() if line.startswith("auto "))
+    assert auto.split()[1:] == [f"{expected.speedup['auto'][g]:.3f}" for g in ("even", "odd", "all")]
+
+
+def test_a_roofline_replay_is_labelled_a_simulation_and_uses_the_devices_costs(files):
+    result = invoke(files / "trace.json", "--roofline", "h200", "--overhead-ms", "1", "--json", files / "r.json")
+    assert result.exit_code == 0, result.output
+    assert "SIMULATION" in result.output and "H200" in result.output
+    trace = Trace.load(files / "trace.json")
+    expected = predict(trace, roofline_profile(device("h200", 1.0), trace.params_b))
+    assert json.loads((files / "r.json").read_text())["speedup"] == expected.speedup
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "give one of --record PROMPTS, --profile FILE, --roofline DEVICE or --validate"),
+    (["--roofline", "h100", "--profile", "p.json"], "give one of"),
+    (["--profile", "p.json", "--overhead-ms", "2"], "--overhead-ms goes with --roofline"),
+    (["--roofline", "h100", "--bytes-per-param", "0"], "--bytes-per-param must be > 0"),
+    (["--record", "p.jsonl", "--branch-tokens", "0"], "--branch-tokens must be >= 1, got 0"),
+])
+def test_bad_options_are_one_clear_line(files, args, message):
+    result = invoke(files / "trace.json", *args)
+    assert result.exit_code == 2 and f"error: {message}" in result.output and "Traceback" not in result.output
+
+
+def test_a_file_that_is_not_a_trace_is_refused(files):
+    (files / "bad.json").write_text("[1, 2]")
+    result = invoke(files / "bad.json", "--roofline", "h100")
+    assert result.exit_code == 2 and "is not a trace" in result.output
+
+
+def test_prompts_are_json_lines_of_text_or_chat_with_ids_and_groups(tmp_path):
+    target = SyntheticBackend("t", vocab=30)
+    file = tmp_path / "p.jsonl"
+    file.write_text('{"prompt": "abc", "id": "x", "group": "g"}\n\n{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (g1, id1, tokens1), (g2, id2, tokens2) = read_prompts(file, target)
+    assert (g1, id1, tokens1) == ("g", "x", [0, 1, 2])
+    assert (g2, id2) == ("all", "3") and len(tokens2) > 2
+    for line, message in [('{"prompt": "a", "messages": []}', "line 1: one of"), ("[1]", "line 1: one of"),
+                          ("{not json", "line 1: Expecting"), ('{"prompt": ""}', "line 1: the prompt is empty")]:
+        file.write_text(line + "\n")
+        with pytest.raises(InvalidParameterError, match=message):
+            read_prompts(file, target)
+    file.write_text("\n")
+    with pytest.raises(InvalidParameterError, match="holds no prompt"):
+        read_prompts(file, target)
+
+
+def test_the_benchmarks_report_shows_each_profiles_speedups_and_best_chains(files):
+    from benchmarks.simulation import markdown, predict_all
+
+    trace = Trace.load(files / "trace.json")
+    profiles = {"synthetic": read_profile(files / "profile.json")}
+    result = {"machine": {"date": "d", "cpu": "c", "cores": 2, "llama_cpp_python": "v", "command": "x"},
+              "trace": {"requests": 4, "tokens": 120, "max_tokens": 30, "target": "target", "drafts": ["draft"],
+                        "branch_tokens": 24, "note": ""},
+              "phase_seconds": {}, "validation": None, "predictions": predict_all(trace, profiles)}
+    md = markdown(json.loads(json.dumps(result)))  # as a saved result renders
+    expected = predict(trace, profiles["synthetic"])
+    best3 = expected.best["best 3-level"]
+    assert (f"| best 3-level | {expected.speedup[best3['even']]['even']:.3f} | "
+            f"{expected.speedup[best3['odd']]['odd']:.3f} | {expected.speedup[best3['all']]['all']:.3f} |") in md
+    assert f"| auto | {expected.speedup['auto']['even']:.3f} |" in md

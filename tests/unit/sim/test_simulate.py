@@ -1,0 +1,242 @@
+"""The trace-driven simulator on synthetic models: a trace recorded from them, replayed on
+the same costs, performs the real run's forwards (so its simulated time is the real run's,
+exactly) and the router makes the real run's choices; the roofline's arithmetic; traces
+that do not fit are refused."""
+
+import numpy as np
+import pytest
+
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.drafters.suffix import SuffixDrafter
+from specrouter.engine import generate
+from specrouter.errors import InvalidParameterError
+from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts
+from specrouter.router.build import build_router
+from specrouter.sim.roofline import DEVICES, Device, device, roofline_profile
+from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains,
+                                     predict)
+from specrouter.sim.trace import Trace, record
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+COSTS = {"target": (0.050, 0.004), "draft": (0.010, 0.002)}  # fixed + per token, seconds
+#: A draft cheap enough that the router drafts with it (and its length policy cuts blocks).
+CHEAP = {"target": (0.050, 0.004), "draft": (0.003, 0.0005)}
+
+
+def profile(costs=COSTS) -> CostProfile:
+    return CostProfile({m: {n: a + b * n for n in SIZES} for m, (a, b) in costs.items()})
+
+
+def models(p: CostProfile, eos: int | None = None):
+    """A target and a draft priced by the profile (eos None: every answer runs to max_tokens)."""
+    target = SyntheticBackend("target", vocab=12, latency=lambda n: p.seconds("target", n), params_b=1.5, eos_id=eos)
+    draft = SyntheticBackend("draft", vocab=12, model_seed=2, noise=0.8, latency=lambda n: p.seconds("draft", n),
+                             params_b=0.5, eos_id=eos)
+    return target, draft
+
+
+def prompts(n: int = 4):
+    rng = np.random.default_rng(3)
+    return [("even" if i % 2 == 0 else "odd", f"p{i}", [int(t) for t in rng.integers(0, 12, 30)]) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    target, draft = models(profile())
+    return record(target, [draft], prompts(), max_tokens=40)
+
+
+def real_run(method_of, p: CostProfile, n: int = 4, eos: int | None = None):
+    """The first n prompts through the method made of fresh synthetic models: per prompt
+    (token ids, simulated seconds, chain labels per cycle)."""
+    target, draft = models(p, eos)
+    method = method_of(target, draft)
+    clock = lambda: target.simulated_seconds + draft.simulated_seconds  # noqa: E731
+    out = []
+    for _, _, prompt in prompts(n):
+        start = clock()
+        r = generate(method, prompt, SamplingParams(), 40, clock=clock)
+        out.append((r.token_ids, clock() - start, labels(r)))
+    return out
+
+
+def labels(r):
+    return [r.chains_used[i] for i in r.chains_per_cycle]
+
+
+def simulated(replay: Replay, method):
+    out = []
+    for i, request in enumerate(replay.trace.requests):
+        prompt, answer = replay.play(i)
+        start = replay.clock()
+        r = generate(method, prompt, SamplingParams(), replay.trace.max_tokens, clock=replay.clock)
+        assert r.token_ids == answer
+        out.append((replay.clock() - start, labels(r)))
+    return out
+
+
+def test_the_trace_holds_the_targets_greedy_answer_and_the_drafts_tokens_along_it(trace):
+    target, draft = models(profile())
+    for request in trace.requests:
+        assert request.answer == generate(Chain([target], []), request.prompt, SamplingParams(), 40).token_ids
+        context = request.prompt + request.answer
+        for j in range(len(request.answer) + 1):
+            row = draft.logits_for(context[: len(request.prompt) + j])
+            assert request.tracks["draft"].argmax[j] == int(np.argmax(row))
+            assert request.tracks["draft"].confidence[j] == pytest.approx(np.exp(row.max()) / np.exp(row).sum(),
+                                                                          abs=1e-6)
+
+
+@pytest.mark.parametrize("eos", [None, 11], ids=["max_tokens", "eos"])
+@pytest.mark.parametrize(("names", "ks"), [(("draft", "target"), (1,)), (("draft", "target"), (3,)),
+                                           (("draft", "target"), (8,)), (("suffix", "draft", "target"), (2, 6))])
+def test_a_fixed_chain_costs_in_simulation_exactly_what_the_real_run_cost(names, ks, eos):
+    # Three levels too: every context the draft sees as a verifier is on the path or on
+    # its own greedy continuation after a wrong token (its branch), which the track holds.
+    p = profile()
+    target, draft = models(p, eos)
+    trace = record(target, [draft], prompts(6), max_tokens=40, branch_tokens=16)
+    real = real_run(lambda t, d: Chain([{"draft": d, "target": t}.get(n) or SuffixDrafter() for n in names],
+                                       list(ks)), p, 6, eos)
+    replay = Replay(trace, p, price_prompt=True)
+    sim = simulated(replay, replay.chain(ChainChoice(names, ks)))
+    assert [r[0] for r in real] == [r.answer for r in trace.requests]
+    assert [s for s, _ in sim] == pytest.approx([s for _, s, _ in real], rel=1e-12)
+
+
+def test_without_price_prompt_the_prompt_costs_one_token_per_model_that_reads_it(trace):
+    p = profile()
+    priced, unpriced = Replay(trace, p, price_prompt=True), Replay(trace, p)
+    choice = ChainChoice(("draft", "target"), (4,))
+    full = simulated(priced, priced.chain(choice))
+    part = simulated(unpriced, unpriced.chain(choice))
+    for (a, _), (b, _), request in zip(full, part, trace.requests):
+        n = len(request.prompt)
+        # The first forward of each model feeds the prompt (and the draft its first proposal).
+        extra = sum(p.seconds(m, n - 1 + more) - p.seconds(m, more) for m, more in (("target", 1 + 4), ("draft", 1)))
+        assert a - b == pytest.approx(extra, rel=1e-9)
+
+
+@pytest.mark.parametrize("eos", [None, 11], ids=["max_tokens", "eos"])
+@pytest.mark.parametrize("drafts", [[], ["draft"]], ids=["lookup", "lookup and model"])
+def test_the_router_makes_in_simulation_the_real_runs_choices_at_the_same_cost(drafts, eos):
+    # One router for all requests in both (it learns from each): its choices, cycle by
+    # cycle, and the time of every request are the real run's. With the model, the router
+    # drafts with it and its confidence stop cuts blocks: the tracks' confidences and
+    # branches (what it drafts after a wrong token) make those blocks the real ones. With
+    # an EOS most answers end early (the router's horizon learns their lengths).
+    p = profile(CHEAP)
+    target, draft = models(p, eos)
+    trace = record(target, [draft][: len(drafts)], prompts(8), max_tokens=40, branch_tokens=32)
+    assert sum(r.eos for r in trace.requests) >= (6 if eos is not None else 0)
+
+    def router(t, d):
+        return build_router(t, [d][: len(drafts)], OnlineCosts(p), AcceptanceEstimator(), lookup="suffix")
+
+    real = real_run(router, p, 8, eos)
+    replay = Replay(trace, p, price_prompt=True)
+    sim = simulated(replay, replay.router("suffix"))
+    assert [choices for _, choices in sim] == [choices for _, _, choices in real]
+    used = {tuple(chain) for _, choices in sim for chain, _ in choices}
+    assert ("suffix", "target") in used and (("draft", "target") in used) == bool(drafts)
+    assert [seconds for seconds, _ in sim] == pytest.approx([seconds for _, seconds, _ in real], rel=1e-12)
+
+
+def test_a_branch_is_what_the_draft_proposes_after_its_wrong_token(trace):
+    _, draft = models(profile())
+    request = trace.requests[0]
+    track = request.tracks["draft"]
+    assert not request.eos and track.branches  # (an answer cut at max_tokens: no branch after its end)
+    assert all(track.argmax[q] != request.answer[q] for q in track.branches)
+    assert all(track.argmax[q] == request.answer[q] for q in range(len(request.answer)) if q not in track.branches)
+    for q, (tokens, confidences) in track.branches.items():
+        context = request.prompt + request.answer[:q] + [track.argmax[q]]
+        for t, c in zip(tokens, confidences):
+            row = draft.logits_for(context)
+            assert (t, c) == (int(np.argmax(row)), pytest.approx(np.exp(row.max()) / np.exp(row).sum(), abs=1e-6))
+            context.append(t)
+        assert len(tokens) == trace.branch_tokens - 1
+
+
+def test_a_saved_trace_loads_equal_and_a_bad_file_is_refused_clearly(trace, tmp_path):
+    trace.save(tmp_path / "t.json")
+    assert Trace.load(tmp_path / "t.json") == trace
+    (tmp_path / "bad.json").write_text('{"format": 1, "target": "t"}')
+    with pytest.raises(InvalidParameterError, match="is not a trace"):
+        Trace.load(tmp_path / "bad.json")
+    with pytest.raises(InvalidParameterError, match="cannot read the trace"):
+        Trace.load(tmp_path / "missing.json")
+    with pytest.raises(InvalidParameterError, match="expected the drafts"):
+        Trace(trace.target, ["draft", "other"], trace.params_b, trace.requests, trace.max_tokens)
+
+
+def test_a_profile_without_a_traced_model_is_refused(trace):
+    with pytest.raises(SimulationError, match="no table for draft"):
+        Replay(trace, CostProfile({"target": {1: 0.05}}))
+
+
+def test_predict_compares_every_method_with_the_target_alone_per_group(trace):
+    p = profile(CHEAP)
+    chains = [ChainChoice(("draft", "target"), (k,)) for k in (2, 8)] + [ChainChoice(("suffix", "draft", "target"),
+                                                                                      (2, 4))]
+    out = predict(trace, p, chains=chains)
+    assert set(out.speedup) == {ALONE, AUTO, *(c.label for c in chains)}
+    assert out.speedup[ALONE] == {"even": 1.0, "odd": 1.0, "all": 1.0}
+    # auto's figures are the median, per group, of alone's time over auto's per request
+    replay = Replay(trace, p)
+    alone = replay.run(replay.chain(ChainChoice(("target",), ())))
+    for c in chains:
+        runs = replay.run(replay.chain(c))
+        ratios = [a.seconds / r.seconds for a, r in zip(alone, runs)]
+        assert out.speedup[c.label]["even"] == pytest.approx(np.median(ratios[0::2]), abs=1e-3)
+        assert out.speedup[c.label]["all"] == pytest.approx(np.median(ratios), abs=1e-3)
+        assert out.drafted[c.label]["all"] == 1.0  # a fixed chain drafts in every cycle
+    assert out.drafted[ALONE]["all"] == 0.0
+    two = [c.label for c in chains[:2]]
+    assert out.best["best 2-level"]["all"] == max(two, key=lambda m: out.speedup[m]["all"])
+    assert out.best["best 3-level"]["all"] == chains[2].label
+
+
+def test_candidate_chains_cover_two_and_three_levels_with_drafts_in_order_of_size(trace):
+    chains = candidate_chains(trace, "suffix")
+    names = {c.names for c in chains}
+    assert names == {("suffix", "target"), ("draft", "target"), ("suffix", "draft", "target")}
+    assert all(len(c.draft_lengths) == c.depth - 1 for c in chains)
+
+
+def test_the_roofline_is_memory_bound_for_one_token_and_compute_bound_for_many():
+    dev = Device("test", bandwidth_gb_s=1000, peak_tflops=100, overhead_ms=2.0)
+    # 1.5e9 parameters at 2 bytes: 3 GB at 1000 GB/s = 3 ms; 2 * 1.5e9 FLOP per token at 100 TFLOP/s = 0.03 ms
+    assert dev.seconds(1.5, 1) == pytest.approx(0.002 + 0.003)
+    assert dev.seconds(1.5, 100) == pytest.approx(0.002 + 0.003)  # the bounds meet at 100 tokens
+    assert dev.seconds(1.5, 400) == pytest.approx(0.002 + 0.012)
+    table = roofline_profile(dev, {"m": 1.5}).tables["m"]
+    assert table[1] == table[64] == pytest.approx(0.005)
+    assert device("h200", overhead_ms=0.5).overhead_ms == 0.5 and device("h100") is DEVICES["h100"]
+    with pytest.raises(InvalidParameterError, match="unknown device"):
+        device("tpu")
+    with pytest.raises(InvalidParameterError, match="bandwidth and peak"):
+        Device("x", 0, 1)
+
+
+class SyntheticPool:
+    """What validate() asks of a pool: the trace's models by name (fresh, no latency)."""
+
+    def __init__(self) -> None:
+        self.target, self.draft = models(profile())
+
+    def model(self, name: str):
+        return {"target": self.target, "draft": self.draft}[name]
+
+
+def test_validation_sets_real_runs_beside_the_simulation_on_the_profile_it_measured(trace):
+    from specrouter.sim.validate import validate
+
+    out = validate(trace, SyntheticPool(), lookup="suffix", repeats=2)
+    assert set(out.groups) == {"even", "odd", "all"}
+    assert [out.groups[g].same_text for g in ("even", "odd", "all")] == ["4/4", "4/4", "8/8"]  # greedy: the same text
+    simulated = predict(trace, CostProfile.from_dict(out.profile), "suffix", chains=[]).speedup[AUTO]
+    assert {g: c.simulated for g, c in out.groups.items()} == simulated
+    assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for c in out.groups.values())
