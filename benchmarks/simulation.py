@@ -2,11 +2,11 @@
 with the real models, validated against real runs on this machine, then asked what a GPU
 would do (roofline: a simulation, labelled so).
 
-    python -m benchmarks.simulation [--per-dataset 5] [--max-tokens 128] [--repeats 1] [--stem NAME]
+    python -m benchmarks.simulation [--per-dataset 5] [--max-tokens 128] [--repeats 1] [--target NAME] [--stem NAME]
     python -m benchmarks.simulation --trace benchmarks/results/NAME-trace.json [--no-validate]
 
 1. Record (skipped with --trace): HumanEval (raw completion), GSM8K and MT-Bench (first
-   turn, chat), the default q4 llama.cpp 1.5B target with the q4 0.5B recorded beside it
+   turn, chat), the default q4 llama.cpp 1.5B target (or --target) with the q4 0.5B recorded beside it
    (branches of 24 tokens: the router's longest model draft); the trace is written beside
    the results (<stem>-trace.json).
 2. Validate (specrouter.sim.validate): per request the target alone, then --repeats times
@@ -38,13 +38,13 @@ ROOFLINES = (("h100", 5.0), ("h200", 5.0), ("h200", 0.5))
 
 
 def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None, stem: str, out: Path,
-        do_validate: bool) -> dict:
+        do_validate: bool, target_name: str = TARGET) -> dict:
     phases: dict[str, float] = {}
     started = time.perf_counter()
     pool = Pool(n_ctx=4096, n_seq_max=1)
     try:
         if trace_file is None:
-            target = pool.model(TARGET)
+            target = pool.model(target_name)
             trace = record(target, [pool.model(SMALL)], load_prompts(target, per_dataset), max_tokens, BRANCH_TOKENS,
                            note=f"{machine_info()['cpu']}, {machine_info()['date']}",
                            progress=lambda what: print(f"recording {what}", flush=True))
@@ -71,12 +71,12 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
     phases["predict"] = time.perf_counter() - mark
     return {
         "machine": machine_info(),
-        "trace": {"file": str(trace_file), "target": trace.target, "drafts": trace.drafts,
+        "trace": {"file": trace_file.name, "target": trace.target, "drafts": trace.drafts,
                   "requests": len(trace.requests), "tokens": sum(len(r.answer) for r in trace.requests),
                   "max_tokens": trace.max_tokens, "branch_tokens": trace.branch_tokens, "note": trace.note},
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
         "validation": None if checked is None else {
-            "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok,
+            "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok, "profile": checked.profile,
             "groups": {g: {"measured": c.measured, "simulated": c.simulated, "error": round(c.error, 4),
                            "same_text": c.same_text} for g, c in checked.groups.items()}},
         "predictions": predictions,
@@ -131,6 +131,7 @@ def main() -> None:
     ap.add_argument("--per-dataset", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1, help="auto runs per request in the validation")
+    ap.add_argument("--target", default=TARGET, help="the target recorded (e.g. qwen2.5-coder-1.5b:torch-fp32)")
     ap.add_argument("--trace", type=Path, help="replay this trace instead of recording one")
     ap.add_argument("--no-validate", action="store_true", help="predict only (no real runs)")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -141,7 +142,7 @@ def main() -> None:
     stem = args.stem or f"simulation-{machine_info()['date'][:10]}"
     result = (json.loads(args.render.read_text()) if args.render is not None
               else run(args.per_dataset, args.max_tokens, args.repeats, args.trace, stem, args.out,
-                       not args.no_validate))
+                       not args.no_validate, args.target))
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     md = markdown(result)
     (args.out / f"{stem}.md").write_text(md)
