@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -29,3 +31,12 @@ def router_start(router_dir: Path | None) -> tuple[Path, str]:
         return Path(tempfile.mkdtemp(prefix="specrouter-bench-router-")), \
             "fresh: no saved estimates, profile measured at the start"
     return router_dir, f"estimates and profile from {router_dir}"
+
+
+def write_result(result: dict, out: Path, stem: str, markdown: Callable[[dict], str]) -> None:
+    """<stem>.json and <stem>.md (the report, also printed) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
+    md = markdown(result)
+    (out / f"{stem}.md").write_text(md)
+    print(md)

@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.args import router_start
+from benchmarks.args import router_start, write_result
 from benchmarks.chains import MODES, NATIVE, RESULTS, TARGET, compare, native_runner, open_native, static_runner
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
@@ -235,12 +235,7 @@ def main() -> None:
         chosen = tuple(by_label[w] for w in wanted)
     result = (json.loads(args.render.read_text()) if args.render is not None
               else run(args.per_workload, args.max_tokens, modes, args.router_dir, not args.no_native, chosen))
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.stem or f"copy-drafting-{result['machine']['date'][:10]}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    md = markdown(result)
-    (args.out / f"{stem}.md").write_text(md)
-    print(md)
+    write_result(result, args.out, args.stem or f"copy-drafting-{result['machine']['date'][:10]}", markdown)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+from benchmarks.args import write_result
 from benchmarks.chains import RESULTS, SMALL, TARGET, load_prompts
 from benchmarks.machine import machine_info
 from specrouter.pool import Pool
@@ -77,8 +79,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
         "validation": None if checked is None else {
             "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok, "profile": checked.profile,
-            "groups": {g: {"measured": c.measured, "simulated": c.simulated, "error": round(c.error, 4),
-                           "same_text": c.same_text} for g, c in checked.groups.items()}},
+            "groups": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.groups.items()}},
         "predictions": predictions,
     }
 
@@ -110,9 +111,11 @@ def markdown(result: dict) -> str:
     v = result["validation"]
     if v is not None:
         lines += [f"## Validation on this machine (auto, {v['repeats']} run(s) per request)", "",
-                  "| dataset | measured | simulated | error | real runs with the recorded text |", "|---|---|---|---|---|"]
-        lines += [f"| {g} | {c['measured']:.3f} | {c['simulated']:.3f} | {c['error']:+.1%} | {c['same_text']} |"
-                  for g, c in v["groups"].items()]
+                  "| dataset | measured | simulated | error | cycles that drafted, measured / simulated "
+                  "| real runs with the recorded text |", "|---|---|---|---|---|---|"]
+        lines += [f"| {g} | {c['measured']:.3f} | {c['simulated']:.3f} | {c['error']:+.1%} | "
+                  + (f"{c['drafted_measured']:.1%} / {c['drafted_simulated']:.1%}" if "drafted_measured" in c else "")
+                  + f" | {c['same_text']} |" for g, c in v["groups"].items()]
         lines += ["", f"Within {v['max_error']:.0%} everywhere: **{v['ok']}**.", ""]
     for label, p in result["predictions"].items():
         groups = list(p["speedup"][ALONE])
@@ -143,10 +146,7 @@ def main() -> None:
     result = (json.loads(args.render.read_text()) if args.render is not None
               else run(args.per_dataset, args.max_tokens, args.repeats, args.trace, stem, args.out,
                        not args.no_validate, args.target))
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    md = markdown(result)
-    (args.out / f"{stem}.md").write_text(md)
-    print(md)
+    write_result(result, args.out, stem, markdown)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks.args import router_start
+from benchmarks.args import router_start, write_result
 from benchmarks.chains import RESULTS, run_order, static_runner
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
@@ -76,10 +76,11 @@ def run(per_set: int, lengths: list[int], router_dir: Path | None) -> dict:
         with tqdm(total=len(prompts) * len(lengths) * (len(methods) + 1), desc="runs", unit="run") as bar:
             for dataset, pid, tokens in prompts:
                 for n in lengths:
+                    reference = None  # the target alone's text, which runs first
                     for position, method in enumerate(run_order(list(methods), turn)):
                         bar.set_postfix_str(f"{dataset} {pid} {n} {method}")
                         record, ids = methods[method](tokens, GREEDY, n)
-                        reference = ids if position == 0 else reference
+                        reference = ids if reference is None else reference
                         record.update(dataset=dataset, prompt=pid, mode=f"{n} tokens", method=method,
                                       position=position, prompt_tokens=len(tokens), same_as_target=ids == reference)
                         runs.append(record)
@@ -156,12 +157,7 @@ def main() -> None:
     lengths = [int(n) for n in args.lengths.split(",")]
     result = (json.loads(args.render.read_text()) if args.render is not None
               else run(args.per_set, lengths, args.router_dir))
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.stem or f"torch-auto-{result['machine']['date'][:10]}"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    md = markdown(result)
-    (args.out / f"{stem}.md").write_text(md)
-    print(md)
+    write_result(result, args.out, args.stem or f"torch-auto-{result['machine']['date'][:10]}", markdown)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -130,12 +131,12 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
                                     progress=lambda what: click.echo(f"running {what}", err=True))
         finally:
             pool.close()
-        click.echo(f"{'group':<16} {'measured':>9} {'simulated':>9} {'error':>7}  same text")
+        click.echo(f"{'group':<16} {'measured':>9} {'simulated':>9} {'error':>7}  drafting cycles  same text")
         for group, g in result.groups.items():
-            click.echo(f"{group:<16} {g.measured:>9.3f} {g.simulated:>9.3f} {g.error:>+7.1%}  {g.same_text}")
+            click.echo(f"{group:<16} {g.measured:>9.3f} {g.simulated:>9.3f} {g.error:>+7.1%}  "
+                       f"{g.drafted_measured:>6.1%} / {g.drafted_simulated:>6.1%}  {g.same_text}")
         if json_file:
-            Path(json_file).write_text(json.dumps({"groups": {k: {"measured": g.measured, "simulated": g.simulated,
-                                                                  "error": round(g.error, 4), "same_text": g.same_text}
+            Path(json_file).write_text(json.dumps({"groups": {k: {**asdict(g), "error": round(g.error, 4)}
                                                               for k, g in result.groups.items()},
                                                    "max_error": max_error, "ok": result.ok,
                                                    "profile": result.profile}, indent=1))

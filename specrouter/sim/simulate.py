@@ -9,7 +9,8 @@ depend on the room left) and must commit exactly the recorded answer (else Simul
 simulated time is then what that run would cost on the machine the profile describes,
 counted exactly as the engine performed its forwards (the same accounting as a synthetic
 run with those latencies). The prompt is not priced unless asked (`price_prompt`): the
-decode is what a method changes; a draft's catch-up on the prompt is priced with it.
+decode is what a method changes; a draft's catch-up on the prompt is unpriced likewise
+(the router still weighs that catch-up from the profile when it decides, as it does for real).
 
 Not simulated: the Python work per cycle (0.6-0.7 ms for the router's choice on the EPYC
 runs of docs/copy-drafting.md), sampling (greedy only), batches (one request at a time),
@@ -181,7 +182,8 @@ def predict(trace: Trace, profile: CostProfile, lookup: str = DEFAULT_LOOKUP,
     groups = trace.groups
     alone = replay.run(replay.chain(ChainChoice((trace.target,), ())))
     results: dict[str, list[Run]] = {ALONE: alone}
-    for choice in chains if chains is not None else candidate_chains(trace, lookup):
+    fixed = list(chains if chains is not None else candidate_chains(trace, lookup))
+    for choice in fixed:
         if progress is not None:
             progress(choice.label)
         results[choice.label] = replay.run(replay.chain(choice))
@@ -192,10 +194,9 @@ def predict(trace: Trace, profile: CostProfile, lookup: str = DEFAULT_LOOKUP,
     drafted = {m: {g: round(sum(r.drafted_cycles for r in runs if g in ("all", r.group))
                             / max(1, sum(r.cycles for r in runs if g in ("all", r.group))), 3)
                    for g in (*groups, "all")} for m, runs in results.items()}
-    depth = {m: m.count(" -> ") + 1 for m in results if m not in (ALONE, AUTO)}
     best = {}
     for d in (2, 3):
-        labels = [m for m, n in depth.items() if n == d]
+        labels = [c.label for c in fixed if c.depth == d]
         if labels:
             best[f"best {d}-level"] = {g: max(labels, key=lambda m: speedup[m][g]) for g in (*groups, "all")}
     return Prediction(speedup, drafted, best)

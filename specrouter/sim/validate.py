@@ -7,7 +7,8 @@ router is fresh (no saved estimates), its profile this machine's (measured now, 
 cache's where valid), and serves the requests in order, as the simulated one does. The
 simulation then runs on that same profile. Per group and overall: the median per request
 of the target alone's time over auto's, measured and simulated, and the simulation's
-relative error; `ok` when every error is within `max_error`.
+relative error (`ok` when every error is within `max_error`); and the share of auto's
+cycles that drafted, measured and simulated (where they part, the router chose otherwise).
 
 What a real run has that the simulation does not (simulate.py's list) shows up here as
 error: the Python work per cycle, this machine's timing noise (the target alone's two runs
@@ -32,7 +33,7 @@ from specrouter.engine import generate_stream
 from specrouter.engine.request import GenerationResult
 from specrouter.router import auto_router
 from specrouter.router.profiler import load_or_profile
-from specrouter.sim.simulate import ALONE, AUTO, predict
+from specrouter.sim.simulate import AUTO, drafted_cycles, predict
 from specrouter.sim.trace import Trace
 
 MAX_ERROR = 0.10
@@ -43,6 +44,8 @@ class GroupCheck:
     measured: float  # median per request of the target alone's decode time over auto's
     simulated: float
     same_text: str  # real auto runs that wrote the recorded answer, of all
+    drafted_measured: float  # share of auto's cycles whose chain drafted, real runs
+    drafted_simulated: float
 
     @property
     def error(self) -> float:
@@ -84,6 +87,7 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
         alone = Chain([target], [])
         ratios: dict[str, list[float]] = {}
         same: dict[str, list[bool]] = {}
+        cycles: dict[str, list[int]] = {}  # drafted, all
         for request in trace.requests:
             if progress is not None:
                 progress(f"{request.group} {request.id}")
@@ -94,14 +98,16 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
                 seconds, r = decode_seconds(router, request.prompt, n)
                 auto_runs.append(seconds)
                 same.setdefault(request.group, []).append(r.token_ids == request.answer)
+                counts = cycles.setdefault(request.group, [0, 0])
+                counts[0] += drafted_cycles(r)
+                counts[1] += r.cycles
                 alone_runs.append(decode_seconds(alone, request.prompt, n)[0])
             ratios.setdefault(request.group, []).append(statistics.mean(alone_runs) / statistics.mean(auto_runs))
-    simulated = predict(trace, profile, lookup, chains=[]).speedup
-    assert set(simulated[ALONE].values()) == {1.0}
-    everything = [r for rs in ratios.values() for r in rs]
-    groups = {g: GroupCheck(round(statistics.median(rs), 3), simulated[AUTO][g], f"{sum(same[g])}/{len(same[g])}")
+    simulated = predict(trace, profile, lookup, chains=[])
+    ratios["all"] = [r for rs in ratios.values() for r in rs]
+    same["all"] = [s for ss in same.values() for s in ss]
+    cycles["all"] = [sum(c[0] for c in cycles.values()), sum(c[1] for c in cycles.values())]
+    groups = {g: GroupCheck(round(statistics.median(rs), 3), simulated.speedup[AUTO][g], f"{sum(same[g])}/{len(same[g])}",
+                            round(cycles[g][0] / max(1, cycles[g][1]), 3), simulated.drafted[AUTO][g])
               for g, rs in ratios.items()}
-    runs = [s for ss in same.values() for s in ss]
-    groups["all"] = GroupCheck(round(statistics.median(everything), 3), simulated[AUTO]["all"],
-                               f"{sum(runs)}/{len(runs)}")
     return Validation(groups, max_error, profile.as_dict())

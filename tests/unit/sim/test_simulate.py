@@ -237,6 +237,8 @@ def test_validation_sets_real_runs_beside_the_simulation_on_the_profile_it_measu
     out = validate(trace, SyntheticPool(), lookup="suffix", repeats=2)
     assert set(out.groups) == {"even", "odd", "all"}
     assert [out.groups[g].same_text for g in ("even", "odd", "all")] == ["4/4", "4/4", "8/8"]  # greedy: the same text
-    simulated = predict(trace, CostProfile.from_dict(out.profile), "suffix", chains=[]).speedup[AUTO]
-    assert {g: c.simulated for g, c in out.groups.items()} == simulated
+    simulated = predict(trace, CostProfile.from_dict(out.profile), "suffix", chains=[])
+    assert {g: c.simulated for g, c in out.groups.items()} == simulated.speedup[AUTO]
+    assert {g: c.drafted_simulated for g, c in out.groups.items()} == simulated.drafted[AUTO]
+    assert all(0 <= c.drafted_measured <= 1 for c in out.groups.values())
     assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for c in out.groups.values())
