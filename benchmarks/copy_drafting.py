@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections import Counter
 from pathlib import Path
 
 from benchmarks.args import router_start, write_result
@@ -31,7 +30,7 @@ from benchmarks.chains import MODES, NATIVE, RESULTS, TARGET, compare, native_ru
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
 from benchmarks.native_server import PEERS, Peer, draft_counts, open_peers, server_runner
-from benchmarks.summary import ratio_table, summarise
+from benchmarks.summary import ratio_table, routed_chains, summarise
 from benchmarks.workloads import WORKLOADS, load
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -124,14 +123,8 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
 
 
 def auto_chains(runs: list[dict]) -> dict[str, dict[str, int]]:
-    """Per auto method and workload: cycles per chain it ran (chains_per_cycle holds the index
-    of each cycle's chain in chain_labels)."""
-    out: dict[str, Counter] = {}
-    for r in runs:
-        if r["method"] in AUTO:
-            counter = out.setdefault(f"{r['method']} | {r['dataset']}", Counter())
-            counter.update(r["chain_labels"][i] for i in r["chains_per_cycle"])
-    return {k: dict(v.most_common()) for k, v in out.items()}
+    """Per auto method and workload: cycles per chain it ran."""
+    return routed_chains(runs, lambda r: f"{r['method']} | {r['dataset']}" if r["method"] in AUTO else None)
 
 
 def lookup_sources(runs: list[dict]) -> dict[str, dict[str, dict[str, float]]]:

@@ -46,9 +46,9 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
     pool = Pool(n_ctx=4096, n_seq_max=1)
     try:
         if trace_file is None:
-            target = pool.model(target_name)
+            target, machine = pool.model(target_name), machine_info()
             trace = record(target, [pool.model(SMALL)], load_prompts(target, per_dataset), max_tokens, BRANCH_TOKENS,
-                           note=f"{machine_info()['cpu']}, {machine_info()['date']}",
+                           note=f"{machine['cpu']}, {machine['date']}",
                            progress=lambda what: print(f"recording {what}", flush=True))
             trace_file = out / f"{stem}-trace.json"
             trace.save(trace_file)

@@ -10,6 +10,7 @@ counts the predictor needs) and `prefill_seconds`.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from specrouter.router.predictor import ChainSpec, predict
@@ -50,6 +51,17 @@ def baseline_drift(runs: list[dict]) -> list[float]:
 
 def ratio_to_baseline(run: dict, baseline: dict[tuple, float]) -> float:
     return run["tokens_per_second"] / baseline[_key(run)]
+
+
+def routed_chains(runs: list[dict], key: Callable[[dict], str | None]) -> dict[str, dict[str, int]]:
+    """Per key(run) (None: a run not counted) of routed runs: cycles per chain they ran, most
+    used first (chains_per_cycle holds the index of each cycle's chain in chain_labels)."""
+    out: dict[str, Counter] = {}
+    for r in runs:
+        k = key(r)
+        if k is not None:
+            out.setdefault(k, Counter()).update(r["chain_labels"][i] for i in r["chains_per_cycle"])
+    return {k: dict(v.most_common()) for k, v in out.items()}
 
 
 def summarise(runs: list[dict]) -> dict[str, dict]:

@@ -35,7 +35,7 @@ from benchmarks.chains import RESULTS, run_order, static_runner
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
 from benchmarks.prompts import load as load_prompts
-from benchmarks.summary import BASELINE, baseline_drift, ratio_table, summarise
+from benchmarks.summary import BASELINE, baseline_drift, ratio_table, routed_chains, summarise
 from benchmarks.workloads import summaries
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
@@ -104,13 +104,7 @@ def run(per_set: int, lengths: list[int], router_dir: Path | None) -> dict:
 
 def auto_chains(runs: list[dict]) -> dict[str, dict[str, int]]:
     """Per 'set | length': cycles auto ran per chain, most used first."""
-    out: dict[str, dict[str, int]] = {}
-    for r in runs:
-        if r["method"] == AUTO:
-            counts = out.setdefault(f"{r['dataset']} | {r['mode']}", {})
-            for i in r["chains_per_cycle"]:
-                counts[r["chain_labels"][i]] = counts.get(r["chain_labels"][i], 0) + 1
-    return {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in out.items()}
+    return routed_chains(runs, lambda r: f"{r['dataset']} | {r['mode']}" if r["method"] == AUTO else None)
 
 
 def markdown(result: dict) -> str:
