@@ -238,7 +238,7 @@ class DecisionInputs:
     ngram_match: str | None  # the match class of the cycle's lookup (None: no match)
     overhead_ms_per_forward: float
     row_ms: float
-    probe_budget_used_ms: float
+    probe_budget_used_ms: float  # what the probes of the router and its sessions spent so far
 
 
 @dataclass

@@ -42,7 +42,11 @@ own estimate only drifts back as it goes stale), and a chain that
 beats the choice on its estimate but not for sure (its probes are the own data that
 make it sure, or show it is not). After a probe the next choice is re-planned at once.
 Probes run only while their measured extra time stays within EXPLORE_FRACTION of
-generation time (elapsed plus expected remaining). The cap is what keeps `auto` within
+generation time (elapsed plus expected remaining). The account (ProbeBudget) is the
+router's, shared by its sessions: the time of every request served so far counts, so a
+probe too costly for any one request (a draft that must first feed a long prompt: its
+catch-up is part of the probe's cost) is taken once earlier requests have paid for it,
+where a budget per request would never allow it. The cap is what keeps `auto` within
 a few percent of the best static choice when nothing pays; the optimism is what lets it
 find a draft that does pay, and a chain that cannot win even optimistically is never
 probed (on a CPU where drafting loses, nothing is). A probe's cost is counted, not
@@ -65,6 +69,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from specrouter.backends.base import Backend
 from specrouter.drafters import MODEL_FREE
@@ -95,6 +100,24 @@ LOOKUP_GRID = (*DRAFT_GRID, 32, 48, 64)
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
 
 
+@dataclass
+class ProbeBudget:
+    """The probes' account of a router and its sessions: `elapsed`, the seconds of every
+    cycle of every request (a cycle of B sequences advancing together counts B times, once
+    per session, as a probe's extra does: it slows all of them); `spent`, the probes'
+    measured extra time.
+    Sessions running at once read it before any of their probes is counted, so the
+    sequences of a batch may together overdraw it by the probes they start in one step."""
+
+    fraction: float = EXPLORE_FRACTION
+    elapsed: float = 0.0
+    spent: float = 0.0
+
+    def left(self, expected: float) -> float:
+        """What probes may still spend, with `expected` more seconds of generation to come."""
+        return self.fraction * (self.elapsed + expected) - self.spent
+
+
 def _family(names: Sequence[str], lookup: str | None) -> tuple[str, ...]:
     """A chain without its model-free level: chains of one family switch freely between cycles."""
     return tuple(n for n in names if n != lookup)
@@ -121,6 +144,7 @@ class Router:
         memory: SuffixMemory | None = None,
         scope: MemoryScope = MemoryScope(),
         lengths: AnswerLengths | None = None,
+        budget: ProbeBudget | None = None,
     ) -> None:
         """use_ngram: route a model-free level too, the drafter `lookup` names (MODEL_FREE);
         confidence_stop: a model drafting for the
@@ -128,7 +152,8 @@ class Router:
         shared with this stop's (a session: see session()); memory: the cross-request suffix
         memory every session reads and feeds (drafters/memory.py; the lookup must be one that
         reads it), in `scope` (a session's request: its partition, or opted out); lengths: how
-        long recent answers ran (shared by sessions: the horizon of one-time costs)."""
+        long recent answers ran (shared by sessions: the horizon of one-time costs); budget:
+        the probes' account (shared by sessions; default a fresh one at explore_fraction)."""
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
@@ -151,6 +176,8 @@ class Router:
                             if self.lookup_drafter else ())
         self.longest = max(self.grid + self.lookup_grid)
         self.hysteresis, self.explore_fraction = hysteresis, explore_fraction
+        #: The probes' account, shared by this router's sessions.
+        self.budget = budget or ProbeBudget(explore_fraction)
         self.message = message  # why the candidate set is what it is (e.g. no shared tokenizer)
         #: Where what the router learns is kept across processes (None: nowhere).
         self.store: RouterStore | None = None
@@ -165,7 +192,6 @@ class Router:
         self.planner = Planner(self.acceptance, costs, target.name, self.grid, [m.name for m in self.drafts],
                                self.lookup, match_keys, self.lookup_grid)
         self._chain_objs: dict[ChainSpec, Chain] = {}
-        self.elapsed = self.probe_spent = 0.0  # seconds of cycles (global), of which probes' extra
         self.decisions: list[Decision] = []
         self.current: ChainSpec | None = None
         self.learner = CycleLearner(self.acceptance, costs, target.name, self.lookup)
@@ -176,14 +202,16 @@ class Router:
 
     def session(self, scope: MemoryScope = MemoryScope()) -> Router:
         """A router for one request of many running at once, built afresh, never copied: its
-        own per-request state (plan, decisions, current chain, probe budget, per-request
-        acceptance, chain objects carrying its own draft stop, its request's memory scope),
-        and the objects every request shares: the models, the cost model, the global
-        acceptance estimates (a view), the draft stop's calibration and the memory."""
+        own per-request state (plan, decisions, current chain, per-request acceptance, chain
+        objects carrying its own draft stop, its request's memory scope), and the objects
+        every request shares: the models, the cost model, the global
+        acceptance estimates (a view), the draft stop's calibration, the memory, the answer
+        lengths and the probes' budget."""
         return Router(self.target, self.drafts, self.costs, self.acceptance.view(), self.lookup_drafter is not None,
                       self.grid, self.hysteresis, self.explore_fraction, self.message,
                       self.draft_stop is not None, shared_stop=self.draft_stop,
-                      lookup=self.lookup or NGRAM_NAME, memory=self.memory, scope=scope, lengths=self.lengths)
+                      lookup=self.lookup or NGRAM_NAME, memory=self.memory, scope=scope, lengths=self.lengths,
+                      budget=self.budget)
 
     @property
     def chains(self) -> list[tuple[str, ...]]:
@@ -392,7 +420,7 @@ class Router:
         extra time fits what is left of the probes' budget."""
         best_rate = chosen.prediction.seconds_per_token
         # Remaining time counted over the tokens expected to come: a request may end (EOS) long before max_tokens.
-        budget = self.explore_fraction * (self.elapsed + self._horizon * best_rate) - self.probe_spent
+        budget = self.budget.left(self._horizon * best_rate)
         options = []
         r = room if room <= self.longest else None
         for scored in candidates:
@@ -421,7 +449,7 @@ class Router:
         costs = {n: {str(k): round(self.costs.seconds(n, k) * 1e3, 3) for k in (1, 2, 4, 8)} for n in names if n != self.lookup}
         inputs = DecisionInputs(pairs, costs, self.acceptance.mode, self._ngram_key,
                                 round(self.costs.overhead_per_forward * 1e3, 3),
-                                round(self.costs.row_seconds(self._row_kind) * 1e3, 4), round(self.probe_spent * 1e3, 3))
+                                round(self.costs.row_seconds(self._row_kind) * 1e3, 4), round(self.budget.spent * 1e3, 3))
         self.decisions.append(Decision(self._cycle, position, spec, reason, shown, inputs))
 
     # Observations: the session's learner (observe.py) --------------------------------------
@@ -440,11 +468,11 @@ class Router:
 
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
         """After a cycle: what the target emitted and how long the cycle took."""
-        self.elapsed += seconds
+        self.budget.elapsed += seconds  # each session of a batch adds the cycle: B times in all
         self._output += new_tokens
         if self._probe is not None:
             spec, best_rate = self._probe
             # A probe that did better than the choice refunds nothing: counted net, the gains of
             # probing the one good chain paid for probing every other (seen with an fp32 target).
-            self.probe_spent += max(0.0, seconds - len(new_tokens) * best_rate) * self.batch_size
+            self.budget.spent += max(0.0, seconds - len(new_tokens) * best_rate) * self.batch_size
         self.learner.end_cycle(new_tokens, seconds, self._probe[0] if self._probe else self.current, self.batch_size)

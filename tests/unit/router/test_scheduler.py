@@ -13,7 +13,7 @@ from specrouter.router.predictor import ChainSpec, closed_form_two_level, predic
 from specrouter.router.acceptance import STALE_HALF_LIFE
 from specrouter.router.plan import match_key
 from specrouter.router.build import build_router
-from specrouter.router.scheduler import DRAFT_GRID
+from specrouter.router.scheduler import DRAFT_GRID, ProbeBudget
 
 from ..router_synth import (PROMPT, family, linear, make_router, profiled, rows_cost_simulated_time,
                            seconds_per_token, static_chains)
@@ -419,3 +419,38 @@ def test_ngram_chains_under_the_target_are_never_probed():
     _, result = seconds_per_token(router, [target], GREEDY, 100, prompt=[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3])
     assert not [d for d in result.decisions if d["reason"] == "probe"]
     assert sum(router.acceptance.count(match_key("ngram", n), "t") for n in range(1, 5)) >= 50
+
+
+def _long_prompt_stream(share_budget: bool, requests: int = 10):
+    """Requests of 300 prompt tokens and 40 new ones, each in a session of one router, on a
+    target (7B-like, fixed costs dominate) and a draft that agrees with it but has never been
+    observed: its probe must first feed the prompt (~0.3 s, more than 3% of any one request)."""
+    target = SyntheticBackend("t", vocab=16, latency=linear(0.05, 0.004), params_b=7)
+    draft = SyntheticBackend("d", vocab=16, noise=0.2, latency=linear(0.002, 0.001), params_b=1)
+    router = make_router(target, [draft], use_ngram=False)
+    rng = np.random.default_rng(5)
+    results = []
+    for _ in range(requests):
+        session = router.session()
+        if not share_budget:  # what each request had before the account was the router's
+            session.budget = ProbeBudget(router.explore_fraction)
+        prompt = [int(t) for t in rng.integers(0, 16, 300)]
+        results.append(seconds_per_token(session, [target, draft], GREEDY, 40, prompt=prompt)[1])
+    return router, results
+
+
+def test_the_probe_budget_is_the_routers_so_a_catch_up_no_request_affords_is_paid_by_the_stream():
+    """No single request can afford the draft's probe (its catch-up on the prompt exceeds 3%
+    of the request): with a budget per request it is never tried, in any request; with the
+    router's account, earlier requests pay for it, it is probed, found to pay, and chosen.
+    What the probes spent stays within the fraction of all the time served."""
+    def probes(results):
+        return [i for i, r in enumerate(results) for d in r.decisions if d["reason"] == "probe"]
+
+    _, alone = _long_prompt_stream(share_budget=False)
+    assert probes(alone) == [] and all(r.chain == ["t"] for r in alone)
+    router, shared = _long_prompt_stream(share_budget=True)
+    first = probes(shared)[0]
+    assert 0 < first < len(shared) - 1  # not in the first request: it could not afford it either
+    assert shared[-1].chain == ["d", "t"]  # learnt: the draft pays once it has the context
+    assert router.budget.spent <= router.explore_fraction * router.budget.elapsed
