@@ -3,7 +3,7 @@ with the real models, validated against real runs on this machine, then asked wh
 would do (roofline: a simulation, labelled so).
 
     python -m benchmarks.simulation [--per-dataset 5] [--max-tokens 128] [--repeats 1] [--target NAME] [--stem NAME]
-    python -m benchmarks.simulation --trace benchmarks/results/NAME-trace.json [--no-validate]
+    python -m benchmarks.simulation --trace benchmarks/results/NAME-trace.json [--no-validate] [--batches 1,8,32]
 
 1. Record (skipped with --trace): HumanEval (raw completion), GSM8K and MT-Bench (first
    turn, chat), the default q4 llama.cpp 1.5B target (or --target) with the q4 0.5B recorded beside it
@@ -14,6 +14,9 @@ would do (roofline: a simulation, labelled so).
 3. Predict: the target alone, the best two- and three-level fixed chains (chosen per dataset
    with hindsight) and auto, on this machine's profile (the validation's) and on roofline
    H100 / H200 profiles with 5 ms and 0.5 ms per forward (fp16 weights), batch 1.
+4. Batches (roofline profiles only; specrouter.sim.batched): the same methods with B
+   sequences served at once by the batch scheduler (--batches, default 1, 8, 32), the
+   trace's requests repeated to fill the batch; throughput over the target alone's.
 Writes <stem>.json and .md to benchmarks/results/.
 """
 
@@ -30,6 +33,7 @@ from benchmarks.chains import RESULTS, SMALL, TARGET, load_prompts
 from benchmarks.machine import machine_info
 from specrouter.pool import Pool
 from specrouter.router.costs import CostProfile
+from specrouter.sim.batched import BATCHES, predict_batches
 from specrouter.sim.roofline import device, roofline_profile
 from specrouter.sim.simulate import ALONE, AUTO, predict
 from specrouter.sim.trace import Trace, record
@@ -40,7 +44,7 @@ ROOFLINES = (("h100", 5.0), ("h200", 5.0), ("h200", 0.5))
 
 
 def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None, stem: str, out: Path,
-        do_validate: bool, target_name: str = TARGET) -> dict:
+        do_validate: bool, target_name: str = TARGET, batches: tuple[int, ...] = BATCHES) -> dict:
     phases: dict[str, float] = {}
     started = time.perf_counter()
     pool = Pool(n_ctx=4096, n_seq_max=1)
@@ -71,6 +75,10 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
         profiles[f"{dev.name}, {overhead} ms per forward: SIMULATION"] = roofline_profile(dev, trace.params_b)
     predictions = predict_all(trace, profiles)
     phases["predict"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    batched = {label: predict_batched(trace, profile, batches) for label, profile in profiles.items()
+               if label.endswith("SIMULATION")} if batches else {}
+    phases["batches"] = time.perf_counter() - mark
     return {
         "machine": machine_info(),
         "trace": {"file": trace_file.name, "target": trace.target, "drafts": trace.drafts,
@@ -81,6 +89,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
             "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok, "profile": checked.profile,
             "groups": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.groups.items()}},
         "predictions": predictions,
+        "batches": batched,
     }
 
 
@@ -96,6 +105,19 @@ def predict_all(trace: Trace, profiles: dict[str, CostProfile]) -> dict[str, dic
         out[label] = {"speedup": rows, "best": p.best, "auto_drafted": p.drafted[AUTO],
                       "costs_ms": {m: {str(n): round(profile.seconds(m, n) * 1e3, 2) for n in (1, 4, 16)}
                                    for m in profile.tables}}
+    return out
+
+
+def predict_batched(trace: Trace, profile: CostProfile, batches: tuple[int, ...]) -> dict:
+    """Per batch size: the target alone's throughput, and the speed-ups of the best fixed
+    chain of each depth (all requests pooled, chosen with hindsight per batch) and auto."""
+    p = predict_batches(trace, profile, batches, progress=lambda what: print(f"replaying {what}", flush=True))
+    out = {}
+    for b in batches:
+        rows = {ALONE: {"speedup": p.speedup[b][ALONE]}}
+        rows.update({which: {"speedup": p.speedup[b][chain], "chain": chain} for which, chain in p.best[b].items()})
+        rows[AUTO] = {"speedup": p.speedup[b][AUTO], "drafted": p.drafted[b][AUTO]}
+        out[str(b)] = {"alone_tokens_per_second": p.tokens_per_second[b][ALONE], "methods": rows}
     return out
 
 
@@ -126,6 +148,21 @@ def markdown(result: dict) -> str:
             f"{which}: " + ", ".join(f"{g} {c}" for g, c in per_group.items()) for which, per_group in p["best"].items()),
             f"auto drafted in {p['auto_drafted']['all']:.0%} of its cycles. Forward costs (ms, n = 1 / 4 / 16): "
             + "; ".join(f"{mm} {c['1']} / {c['4']} / {c['16']}" for mm, c in p["costs_ms"].items()), ""]
+    for label, per_batch in result.get("batches", {}).items():
+        batches = list(per_batch)
+        methods = list(per_batch[batches[0]]["methods"])
+        lines += [f"## Batches: {label}", "",
+                  "Throughput over the target alone's at the same batch (all requests pooled; the trace's requests "
+                  "repeated to fill the batch, served by the batch scheduler; the best chain chosen per batch).", "",
+                  "| method | " + " | ".join(f"B = {b}" for b in batches) + " |", "|---|" + "---|" * len(batches),
+                  "| target alone, tokens/s | " + " | ".join(f"{per_batch[b]['alone_tokens_per_second']:.0f}"
+                                                          for b in batches) + " |"]
+        for method in methods:
+            cells = [per_batch[b]["methods"][method] for b in batches]
+            lines.append(f"| {method} | " + " | ".join(f"{c['speedup']:.3f}" + (f" ({c['chain']})" if "chain" in c else "")
+                                                       for c in cells) + " |")
+        lines += ["", "auto drafted in " + ", ".join(f"{per_batch[b]['methods'][AUTO]['drafted']:.0%} at B = {b}"
+                                                    for b in batches) + " of its cycles.", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -137,6 +174,8 @@ def main() -> None:
     ap.add_argument("--target", default=TARGET, help="the target recorded (e.g. qwen2.5-coder-1.5b:torch-fp32)")
     ap.add_argument("--trace", type=Path, help="replay this trace instead of recording one")
     ap.add_argument("--no-validate", action="store_true", help="predict only (no real runs)")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                    help="batch sizes predicted on the roofline profiles ('' for none)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", help="name of the result files (default: simulation-<date>)")
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
@@ -145,7 +184,7 @@ def main() -> None:
     stem = args.stem or f"simulation-{machine_info()['date'][:10]}"
     result = (json.loads(args.render.read_text()) if args.render is not None
               else run(args.per_dataset, args.max_tokens, args.repeats, args.trace, stem, args.out,
-                       not args.no_validate, args.target))
+                       not args.no_validate, args.target, tuple(int(b) for b in args.batches.split(",") if b)))
     write_result(result, args.out, stem, markdown)
 
 

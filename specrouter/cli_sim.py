@@ -67,6 +67,9 @@ def read_prompts(file: Path, target) -> list[tuple[str, str, list[int]]]:
 @click.option("--overhead-ms", type=float, help="With --roofline: fixed cost of one forward (default 5 ms).")
 @click.option("--bytes-per-param", type=float, default=2.0, show_default=True,
               help="With --roofline: weight bytes per parameter (2: fp16/bf16).")
+@click.option("--batch", "batch_sizes", default=None, metavar="B[,B...]",
+              help="With --profile or --roofline: predict throughput with B sequences served at once (the batch "
+                   "scheduler, the trace's requests repeated to fill it), per batch size, e.g. 1,8,32.")
 @click.option("--validate", is_flag=True, help="Run the trace's requests for real here (target alone, auto) and "
               "compare with the replay on this machine's profile; exit 1 when off by more than --max-error.")
 @click.option("--repeats", type=int, default=1, show_default=True, help="With --validate: auto runs per request.")
@@ -80,12 +83,13 @@ def read_prompts(file: Path, target) -> list[tuple[str, str, list[int]]]:
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
               help="Folder of pulled models (default: $SPECROUTER_CACHE or the user cache dir).")
 def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens, profile_file, roofline, overhead_ms,
-             bytes_per_param, validate, repeats, max_error, lookup, json_file, threads, cache_dir) -> None:
+             bytes_per_param, batch_sizes, validate, repeats, max_error, lookup, json_file, threads, cache_dir) -> None:
     """Trace-driven simulation of the target alone, every fixed chain and auto.
 
     Record once (--record PROMPTS), then replay TRACE_FILE on a profile (--profile FILE, or
     --roofline DEVICE: labelled a simulation) to predict speed-ups, or --validate it here.
-    Greedy only, one request at a time, no prefill priced (docs/simulation.md).
+    Greedy only, one request at a time (--batch: B at a time), no prefill priced
+    (docs/simulation.md).
     """
     from specrouter.sim.roofline import device, roofline_profile
     from specrouter.sim.simulate import predict
@@ -97,6 +101,9 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         raise InvalidParameterError("give one of --record PROMPTS, --profile FILE, --roofline DEVICE or --validate")
     if overhead_ms is not None and roofline is None:
         raise InvalidParameterError("--overhead-ms goes with --roofline")
+    batches = parse_batches(batch_sizes) if batch_sizes is not None else None
+    if batches is not None and profile_file is None and roofline is None:
+        raise InvalidParameterError("--batch goes with --profile or --roofline")
     for name, value, least in (("--max-tokens", max_tokens, 1), ("--branch-tokens", branch_tokens, 1),
                                ("--repeats", repeats, 1)):
         if value < least:
@@ -153,6 +160,9 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         from specrouter.router.profiler import read_profile
 
         profile, label = read_profile(profile_file), f"profile {profile_file}"
+    if batches is not None:
+        show_batches(trace, profile, label, batches, lookup, json_file)
+        return
     out = predict(trace, profile, lookup, progress=lambda what: click.echo(f"replaying {what}", err=True))
     groups = [*trace.groups, "all"]
     click.echo(f"Simulated speed-up over the target alone (median per request), {label}")
@@ -167,3 +177,37 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         Path(json_file).write_text(json.dumps({"profile": label, "speedup": out.speedup, "drafted": out.drafted,
                                                "best": out.best}, indent=1))
 
+
+def parse_batches(text: str) -> list[int]:
+    """Comma-separated batch sizes, each >= 1."""
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InvalidParameterError(f"--batch takes comma-separated whole numbers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise InvalidParameterError(f"--batch sizes must be >= 1, got {text!r}")
+    return sizes
+
+
+def show_batches(trace, profile, label: str, batches: list[int], lookup: str, json_file: Path | None) -> None:
+    """The batch prediction (sim/batched.py): per batch size, throughput over the target alone's."""
+    from specrouter.sim.batched import predict_batches
+    from specrouter.sim.simulate import ALONE, AUTO
+
+    out = predict_batches(trace, profile, batches, lookup,
+                          progress=lambda what: click.echo(f"replaying {what}", err=True))
+    click.echo(f"Simulated throughput over the target alone's, all requests served B at a time, {label}")
+    click.echo(f"{'method':<12} " + " ".join(f"{'B=' + str(b):>10}" for b in batches) + "  (best chain per batch)")
+    click.echo(f"{'tokens/s':<12} " + " ".join(f"{out.tokens_per_second[b][ALONE]:>10.1f}" for b in batches)
+               + "  (the target alone)")
+    for method in (ALONE, "best 2-level", "best 3-level", AUTO):
+        per_batch = {b: out.best[b].get(method, method) for b in batches}
+        if any(m not in out.speedup[b] for b, m in per_batch.items()):
+            continue
+        chains = "; ".join(per_batch[b] for b in batches) if method.startswith("best") else ""
+        click.echo(f"{method:<12} " + " ".join(f"{out.speedup[b][per_batch[b]]:>10.3f}" for b in batches)
+                   + (f"  ({chains})" if chains else ""))
+    if json_file:
+        Path(json_file).write_text(json.dumps({"profile": label, **{k: {str(b): v for b, v in getattr(out, k).items()}
+                                                                  for k in ("tokens_per_second", "speedup", "drafted",
+                                                                            "best")}}, indent=1))

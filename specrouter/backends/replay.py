@@ -118,16 +118,45 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+@dataclass(frozen=True)
+class _Played:
+    """A script made current, in compact ids: its path (prompt + answer), the rows along it
+    (token, logit) after path[:prompt + j], and its branches (q -> (wrong token, rows after it))."""
+
+    path: list[int]
+    prompt: int
+    next: list[tuple[int, float]]
+    branches: dict[int, tuple[int, list[tuple[int, float]]]]
+
+    def row(self, context: list[int]) -> tuple[int, float] | None:
+        """The recorded row after `context` (None: off what was recorded)."""
+        n, p = len(context), self.prompt
+        if n <= len(self.path) and context == self.path[:n]:
+            return self.next[n - p]
+        d = common_prefix(context, self.path)  # context[d] is the first token off the path
+        branch = self.branches.get(d - p)
+        if branch is not None and context[d] == branch[0] and n - d - 1 < len(branch[1]):
+            rows = branch[1]
+            if all(context[d + 1 + i] == rows[i][0] for i in range(n - d - 1)):
+                return rows[n - d - 1]
+        return None
+
+
 class ReplayBackend(SyntheticBackend):
-    """Replays `scripts`, one at a time: `play(i)` makes script i current and returns its
-    prompt and answer in this model's ids. `tracks` (one per script): what this draft model
-    did along each (its rows there have its recorded token and top probability); None: the
-    model is the target whose answers these are. Any other context gets OFF at PEAK.
+    """Replays `scripts`: `play(i)` makes script i current and returns its prompt and answer
+    in this model's ids; `play_many` makes several current at once (a batch: each sequence's
+    rows come from the script whose prompt its context starts with, so the same script may
+    run in several sequences). `tracks` (one per script): what this draft model did along
+    each (its rows there have its recorded token and top probability); None: the model is
+    the target whose answers these are. Any other context gets OFF at PEAK.
     Models replayed together share one `vocabulary` (default: this model's own)."""
 
     def __init__(self, name: str, scripts: Sequence[Script], latency: Callable[[int], float],
                  params_b: float = 1.0, tracks: Sequence[Track] | None = None,
-                 vocabulary: Vocabulary | None = None, price_prompt: bool = False) -> None:
+                 vocabulary: Vocabulary | None = None, price_prompt: bool = False,
+                 batch_latency: Callable[[float, int], float] | None = None) -> None:
+        """batch_latency(n, b): what one call of b sequences feeding n tokens in all costs
+        (default: latency(n), one forward over all their tokens)."""
         if tracks is not None and ([len(t.argmax) for t in tracks] != [len(s.answer) + 1 for s in scripts]
                                    or any(len(t.confidence) != len(t.argmax) for t in tracks)):
             raise ValueError(f"{name}: a track needs len(answer) + 1 tokens and confidences per script")
@@ -136,10 +165,8 @@ class ReplayBackend(SyntheticBackend):
         super().__init__(name, vocab=self.vocabulary.size, latency=latency, params_b=params_b, order=0)
         self.eos_ids = self.vocabulary.eos_ids
         self.scripts, self.tracks, self.price_prompt = list(scripts), tracks, price_prompt
-        self._path: list[int] = []  # prompt + answer, compact
-        self._next: list[tuple[int, float]] = []  # (token, logit) after path[:prompt + j]
-        self._branches: dict[int, tuple[int, list[tuple[int, float]]]] = {}  # q -> (wrong token, rows after it)
-        self._prompt = 0
+        self.batch_latency = batch_latency
+        self._played: list[_Played] = []
 
     def compact(self, tokens: Sequence[int]) -> list[int]:
         return self.vocabulary(tokens)
@@ -147,46 +174,75 @@ class ReplayBackend(SyntheticBackend):
     def play(self, index: int | None) -> tuple[list[int], list[int]]:
         """Make script `index` current (None: none) and return its (prompt, answer), compact."""
         if index is None:
-            self._path, self._next, self._branches, self._prompt = [], [], {}, 0
+            self._played = []
             return [], []
-        s = self.scripts[index]
-        prompt, answer = self.compact(s.prompt), self.compact(s.answer)
-        self._path, self._prompt = prompt + answer, len(prompt)
-        if self.tracks is None:
-            self._next = [(t, PEAK) for t in answer + [self.vocabulary.end if s.eos else self.off]]
-            self._branches = {}
-        else:
-            track = self.tracks[index]
-            rows = self._rows(track.argmax, track.confidence)
-            self._next = rows
-            self._branches = {q: (rows[q][0], self._rows(tokens, conf)) for q, (tokens, conf) in track.branches.items()}
-        return prompt, answer
+        return self.play_many([index])[0]
+
+    def play_many(self, indices: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+        """Make the scripts `indices` current together and return each one's (prompt, answer),
+        compact. No prompt may start with another's (a context must tell which script it is in)."""
+        played: dict[int, _Played] = {}
+        for index in dict.fromkeys(indices):
+            s = self.scripts[index]
+            prompt, answer = self.compact(s.prompt), self.compact(s.answer)
+            if self.tracks is None:
+                rows = [(t, PEAK) for t in answer + [self.vocabulary.end if s.eos else self.off]]
+                branches = {}
+            else:
+                track = self.tracks[index]
+                rows = self._rows(track.argmax, track.confidence)
+                branches = {q: (rows[q][0], self._rows(tokens, conf)) for q, (tokens, conf) in track.branches.items()}
+            played[index] = _Played(prompt + answer, len(prompt), rows, branches)
+        prompts = sorted(p.path[:p.prompt] for p in played.values())
+        if any(b[:len(a)] == a for a, b in zip(prompts, prompts[1:])):
+            raise ValueError(f"{self.name}: scripts played together need prompts that do not start with another's")
+        self._played = list(played.values())
+        return [(played[i].path[:played[i].prompt], played[i].path[played[i].prompt:]) for i in indices]
 
     def _rows(self, tokens: Sequence[int], confidence: Sequence[float]) -> list[tuple[int, float]]:
         return [(t, peak_for(c, self.n_vocab)) for t, c in zip(self.compact(tokens), confidence, strict=True)]
 
+    def _script(self, context: Sequence[int]) -> _Played | None:
+        """The current script whose prompt `context` starts with (None: none)."""
+        for played in self._played:
+            p = played.prompt
+            if len(context) >= p and context[:p] == played.path[:p]:
+                return played
+        return None
+
     def logits_for(self, context: Sequence[int]) -> np.ndarray:
         row = np.zeros(self.n_vocab)
-        token, logit = self._row(list(context))
+        context = list(context)
+        played = self._script(context)
+        found = played.row(context) if played is not None else None
+        token, logit = found if found is not None else (self.off, PEAK)
         row[token] = logit
         return row
 
-    def _row(self, context: list[int]) -> tuple[int, float]:
-        n, p = len(context), self._prompt
-        if not self._path or n < p:
-            return self.off, PEAK
-        if n <= len(self._path) and context == self._path[:n]:
-            return self._next[n - p]
-        d = common_prefix(context, self._path)  # context[d] is the first token off the path
-        branch = self._branches.get(d - p)
-        if branch is not None and context[d] == branch[0] and n - d - 1 < len(branch[1]):
-            rows = branch[1]
-            if all(context[d + 1 + i] == rows[i][0] for i in range(n - d - 1)):
-                return rows[n - d - 1]
-        return self.off, PEAK
+    def _priced(self, seq: int, tokens: Sequence[int], pos: int) -> int:
+        """How many of a forward's tokens are priced: without price_prompt, the tokens at
+        positions before its script's prompt's last are not (every token while none is current)."""
+        if self.price_prompt:
+            return len(tokens)
+        played = self._script(self._kv[seq])
+        prompt = played.prompt if played is not None else 0
+        return len(tokens) - max(0, min(len(tokens), prompt - 1 - pos))
 
     def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
         logits = self._extend(seq, tokens, pos, n_logits)
-        unpriced = 0 if self.price_prompt else max(0, min(len(tokens), self._prompt - 1 - pos))
-        self._charge(len(tokens) - unpriced)  # the prompt's tokens before its last: unpriced
+        self._charge(self._priced(seq, tokens, pos))
         return logits
+
+    def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
+        """One call for several sequences: it costs batch_latency of all their priced tokens."""
+        if len(items) == 1:
+            return [self.decode(*items[0])]
+        out = [self._extend(*item) for item in items]
+        self.batch_calls += 1
+        n = sum(self._priced(seq, tokens, pos) for seq, tokens, pos, _ in items)
+        if self.batch_latency is None:
+            self._charge(n)
+        else:
+            self.decode_calls += 1
+            self.simulated_seconds += self.batch_latency(n, len(items))
+        return out

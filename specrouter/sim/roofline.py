@@ -19,13 +19,17 @@ GPU, CUDA-graph runtimes (llama.cpp, vLLM) get well under 1 ms.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from specrouter.errors import InvalidParameterError
 from specrouter.router.costs import CostProfile
 
 OVERHEAD_MS = 5.0
-SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65)
+#: Tokens per forward the profile holds: every size a single sequence's cycle feeds (up to a
+#: 64-token block and its bonus row), then a batch's (up to 64 sequences of 64), plus the
+#: device's crossover from the bandwidth to the compute bound (roofline_profile).
+SIZES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 17, 24, 25, 32, 33, 48, 49, 64, 65, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,12 @@ class Device:
         if not (self.bandwidth_gb_s > 0 and self.peak_tflops > 0 and self.overhead_ms >= 0):
             raise InvalidParameterError(f"device {self.name}: bandwidth and peak must be > 0, overhead >= 0")
 
-    def seconds(self, params_b: float, n: int, bytes_per_param: float = 2.0) -> float:
+    def crossover(self, bytes_per_param: float = 2.0) -> float:
+        """Tokens per forward where the compute bound meets the bandwidth bound: b * F / (2 W),
+        the same for every model size."""
+        return bytes_per_param * self.peak_tflops * 1e12 / (2 * self.bandwidth_gb_s * 1e9)
+
+    def seconds(self, params_b: float, n: float, bytes_per_param: float = 2.0) -> float:
         weights = params_b * 1e9 * bytes_per_param / (self.bandwidth_gb_s * 1e9)
         compute = 2 * params_b * 1e9 * n / (self.peak_tflops * 1e12)
         return self.overhead_ms / 1e3 + max(weights, compute)
@@ -60,5 +69,9 @@ def device(name: str, overhead_ms: float | None = None) -> Device:
 
 def roofline_profile(dev: Device, params_b: dict[str, float], bytes_per_param: float = 2.0,
                      sizes: tuple[int, ...] = SIZES) -> CostProfile:
-    """A profile of every model in `params_b` (name -> billions of parameters) on `dev`."""
-    return CostProfile({m: {n: dev.seconds(p, n, bytes_per_param) for n in sizes} for m, p in params_b.items()})
+    """A profile of every model in `params_b` (name -> billions of parameters) on `dev`, at
+    `sizes` and at the two whole sizes around the crossover (t(n) is linear on each side of
+    it, so interpolating the table gives t(n) inside its range, exactly but between those two)."""
+    x = dev.crossover(bytes_per_param)
+    ns = sorted({*sizes, *(k for k in (math.floor(x), math.ceil(x)) if sizes[0] <= k <= sizes[-1])})
+    return CostProfile({m: {n: dev.seconds(p, n, bytes_per_param) for n in ns} for m, p in params_b.items()})

@@ -13,7 +13,8 @@ decode is what a method changes; a draft's catch-up on the prompt is unpriced li
 (the router still weighs that catch-up from the profile when it decides, as it does for real).
 
 Not simulated: the Python work per cycle (0.6-0.7 ms for the router's choice on the EPYC
-runs of docs/copy-drafting.md), sampling (greedy only), batches (one request at a time),
+runs of docs/copy-drafting.md), sampling (greedy only), batches (here one request at a
+time; batched.py serves them B at a time through the batch scheduler),
 and the off-path behaviour of intermediate verifiers (backends/replay.py). A model-free
 lookup costs what the profile's lookup_seconds says, not charged to the clock.
 
@@ -92,7 +93,8 @@ class Replay:
         def backend(name: str) -> ReplayBackend:
             return ReplayBackend(name, scripts, latency=lambda n: profile.seconds(name, n),
                                  params_b=trace.params_b[name], tracks=tracks.get(name), vocabulary=vocabulary,
-                                 price_prompt=price_prompt)
+                                 price_prompt=price_prompt,
+                                 batch_latency=lambda n, b: profile.seconds(name, n / b, b))
 
         self.target = backend(trace.target)
         self.drafts = [backend(d) for d in trace.drafts]
@@ -105,6 +107,13 @@ class Replay:
         for m in self.drafts:
             m.play(index)
         return self.target.play(index)
+
+    def play_all(self) -> list[tuple[list[int], list[int]]]:
+        """Make every request current at once (a batch, batched.py); per request its (prompt, answer)."""
+        indices = range(len(self.trace.requests))
+        for m in self.drafts:
+            m.play_many(indices)
+        return self.target.play_many(indices)
 
     def chain(self, choice: ChainChoice) -> Chain:
         by_name = {m.name: m for m in self.models}

@@ -51,8 +51,28 @@ def test_a_roofline_replay_is_labelled_a_simulation_and_uses_the_devices_costs(f
     assert json.loads((files / "r.json").read_text())["speedup"] == expected.speedup
 
 
+def test_a_batch_replay_prints_and_writes_what_predict_batches_computes(files):
+    from specrouter.sim.batched import predict_batches
+
+    result = invoke(files / "trace.json", "--roofline", "h100", "--batch", "1,4", "--json", files / "b.json")
+    assert result.exit_code == 0, result.output
+    trace = Trace.load(files / "trace.json")
+    expected = predict_batches(trace, roofline_profile(device("h100"), trace.params_b), (1, 4))
+    written = json.loads((files / "b.json").read_text())
+    assert written["speedup"] == {str(b): v for b, v in expected.speedup.items()}
+    assert written["best"] == {str(b): v for b, v in expected.best.items()}
+    auto = next(line for line in result.output.splitlines() if line.startswith("auto "))
+    assert auto.split()[1:] == [f"{expected.speedup[b]['auto']:.3f}" for b in (1, 4)]
+    best = next(line for line in result.output.splitlines() if line.startswith("best 2-level "))
+    assert best.split()[2:4] == [f"{expected.speedup[b][expected.best[b]['best 2-level']]:.3f}" for b in (1, 4)]
+    assert "SIMULATION" in result.output
+
+
 @pytest.mark.parametrize(("args", "message"), [
     ([], "give one of --record PROMPTS, --profile FILE, --roofline DEVICE or --validate"),
+    (["--roofline", "h100", "--batch", "1,x"], "--batch takes comma-separated whole numbers, got '1,x'"),
+    (["--roofline", "h100", "--batch", "0,8"], "--batch sizes must be >= 1, got '0,8'"),
+    (["--validate", "--batch", "8"], "--batch goes with --profile or --roofline"),
     (["--roofline", "h100", "--profile", "p.json"], "give one of"),
     (["--profile", "p.json", "--overhead-ms", "2"], "--overhead-ms goes with --roofline"),
     (["--roofline", "h100", "--bytes-per-param", "0"], "--bytes-per-param must be > 0"),
@@ -87,17 +107,24 @@ def test_prompts_are_json_lines_of_text_or_chat_with_ids_and_groups(tmp_path):
 
 
 def test_the_benchmarks_report_shows_each_profiles_speedups_and_best_chains(files):
-    from benchmarks.simulation import markdown, predict_all
+    from benchmarks.simulation import markdown, predict_all, predict_batched
+    from specrouter.sim.batched import predict_batches
 
     trace = Trace.load(files / "trace.json")
     profiles = {"synthetic": read_profile(files / "profile.json")}
     result = {"machine": {"date": "d", "cpu": "c", "cores": 2, "llama_cpp_python": "v", "command": "x"},
               "trace": {"requests": 4, "tokens": 120, "max_tokens": 30, "target": "target", "drafts": ["draft"],
                         "branch_tokens": 24, "note": ""},
-              "phase_seconds": {}, "validation": None, "predictions": predict_all(trace, profiles)}
+              "phase_seconds": {}, "validation": None, "predictions": predict_all(trace, profiles),
+              "batches": {"synthetic: SIMULATION": predict_batched(trace, profiles["synthetic"], (1, 4))}}
     md = markdown(json.loads(json.dumps(result)))  # as a saved result renders
     expected = predict(trace, profiles["synthetic"])
     best3 = expected.best["best 3-level"]
     assert (f"| best 3-level | {expected.speedup[best3['even']]['even']:.3f} | "
             f"{expected.speedup[best3['odd']]['odd']:.3f} | {expected.speedup[best3['all']]['all']:.3f} |") in md
     assert f"| auto | {expected.speedup['auto']['even']:.3f} |" in md
+    batched = predict_batches(trace, profiles["synthetic"], (1, 4))
+    best2 = [batched.best[b]["best 2-level"] for b in (1, 4)]
+    assert (f"| best 2-level | {batched.speedup[1][best2[0]]:.3f} ({best2[0]}) | "
+            f"{batched.speedup[4][best2[1]]:.3f} ({best2[1]}) |") in md
+    assert f"| auto | {batched.speedup[1]['auto']:.3f} | {batched.speedup[4]['auto']:.3f} |" in md
