@@ -3,7 +3,7 @@
 default q4 llama.cpp 1.5B target, against the target alone.
 
     python -m benchmarks.copy_drafting [--per-workload 10] [--max-tokens 256] [--modes greedy,T=0.7]
-                                       [--router-dir DIR] [--stem NAME]
+                                       [--router-dir DIR] [--methods all] [--native-servers all] [--stem NAME]
 
 Methods: the target alone (first and last per prompt and mode, as in the router
 benchmark), fixed chains with the n-gram (4 tokens) and the suffix drafter (16 tokens),
@@ -63,7 +63,8 @@ def build_prompts(target, per_workload: int) -> tuple[list[tuple[str, str, list[
 
 
 def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path | None, native_peer: bool = True,
-        peers: tuple[Peer, ...] = PEERS) -> dict:
+        peers: tuple[Peer, ...] = PEERS, ours: tuple[str, ...] = (*FIXED, *AUTO)) -> dict:
+    """ours: which of FIXED and AUTO run (the target alone always does)."""
     started = time.perf_counter()
     router_dir, router_state = router_start(router_dir)
     pool = Pool(n_ctx=4096, n_seq_max=1)
@@ -71,7 +72,7 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
     prompts, first_answers = build_prompts(target, per_workload)
     phases = {"first answers": time.perf_counter() - started}
     methods = {"target alone": static_runner(pool, [TARGET], ())}
-    methods.update({m: static_runner(pool, names, ks) for m, (names, ks) in FIXED.items()})
+    methods.update({m: static_runner(pool, names, ks) for m, (names, ks) in FIXED.items() if m in ours})
     # A document and its answer outgrow 2,048 tokens. llama-cpp-python 0.3.36's lookup raises
     # a ValueError (Llama.eval's scores array) where its context fills instead of stopping, as
     # on the docs workload's longest prompts, even at 4,107: --no-native leaves it out.
@@ -85,6 +86,8 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
     memories = {}
     try:
         for method, lookup in AUTO.items():
+            if method not in ours:
+                continue
             if MODEL_FREE[lookup].remembers:
                 memories[method] = SuffixMemory()
             # Each router its own folder under router_dir: their estimates must not mix.
@@ -104,7 +107,8 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
         "machine": machine_info(),
         "settings": {"per_workload": per_workload, "max_tokens": max_tokens, "modes": modes,
                      "workloads": list(WORKLOADS), "target": TARGET, "n_threads": target.n_threads,
-                     "fixed": {m: {"chain": names, "draft_lengths": list(ks)} for m, (names, ks) in FIXED.items()},
+                     "fixed": {m: {"chain": names, "draft_lengths": list(ks)} for m, (names, ks) in FIXED.items()
+                               if m in ours},
                      "native": {"method": NATIVE, "draft_length": NATIVE_K, "error": native_error},
                      "native_servers": {p.label: {"flags": list(p.flags), "draft_model": p.draft_model,
                                                   "error": server_errors.get(p.label)} for p in peers},
@@ -212,6 +216,8 @@ def main() -> None:
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
     ap.add_argument("--no-native", action="store_true", help="leave out llama-cpp-python's prompt lookup (0.3.36 "
                     "fails with a ValueError where a long document's answer fills its context)")
+    ap.add_argument("--methods", default="all", help="our methods beside the target alone: all, or comma-separated "
+                    f"of {', '.join((*FIXED, *AUTO))}")
     ap.add_argument("--native-servers", default="all", help="llama-server peers: all, none, or comma-separated "
                     f"labels of {', '.join(p.label for p in PEERS)}")
     args = ap.parse_args()
@@ -226,8 +232,11 @@ def main() -> None:
         if unknown := [w for w in wanted if w not in by_label]:
             ap.error(f"unknown llama-server peers {unknown}: use all, none or {', '.join(by_label)}")
         chosen = tuple(by_label[w] for w in wanted)
+    ours = (*FIXED, *AUTO) if args.methods == "all" else tuple(m.strip() for m in args.methods.split(","))
+    if unknown := [m for m in ours if m not in (*FIXED, *AUTO)]:
+        ap.error(f"unknown methods {unknown}: use all or {', '.join((*FIXED, *AUTO))}")
     result = (json.loads(args.render.read_text()) if args.render is not None
-              else run(args.per_workload, args.max_tokens, modes, args.router_dir, not args.no_native, chosen))
+              else run(args.per_workload, args.max_tokens, modes, args.router_dir, not args.no_native, chosen, ours))
     write_result(result, args.out, args.stem or f"copy-drafting-{result['machine']['date'][:10]}", markdown)
 
 
