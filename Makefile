@@ -65,10 +65,11 @@ demo: models
 
 # Fast synthetic tests run on both cores; the Ray tests (each starts a Ray instance: on 2
 # cores two at once starve each other) and the real-model tests (both cores each) run alone.
+# Each tier lists its slowest tests (CI's time limit: what to trim first).
 test: torch-models bench-data
-	$(BIN)/python -m pytest -n 2 -m "not real and not ray" tests
+	$(BIN)/python -m pytest -n 2 -m "not real and not ray" --durations=15 tests
 	$(BIN)/python -m pytest -m "ray and not real" tests
-	$(BIN)/python -m pytest -m real tests
+	$(BIN)/python -m pytest -m real --durations=15 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -n 2 -m "not real and not slow and not ray" tests

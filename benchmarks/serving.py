@@ -3,6 +3,7 @@
     python -m benchmarks.serving [--concurrency 1,2,4,8] [--requests-per-slot 2] [--max-tokens 96]
                                  [--workload first-turn|code-edit|docs] [--lookup ngram|suffix]
                                  [--router-dir DIR] [--stem NAME]
+                                 [--chain A,B --draft-lengths K [--no-auto]]
 
 Closed loop, in process, through the same BatchScheduler the server runs: at
 concurrency c, c requests are in flight at every moment (a finished one is replaced
@@ -16,6 +17,11 @@ request feeds, as a server's `shared` memory); its estimates and profile start a
 token and inter-token latency (median and p95; a delta of k tokens after a gap g counts
 as k gaps of g/k), the batch sizes the models actually ran, and for auto the share of
 cycles that speculated. Writes JSON, a markdown table and a PNG plot to benchmarks/results/.
+
+--chain adds a fixed chain of pool models, served twice: by a scheduler whose steps call the
+model most sequences wait on (in-phase, the server's) and by one whose steps call every
+model some sequence waits on (serve-all; engine/phase.py); the target alone then runs again
+last at each level, and the ratios are to the mean of its two runs.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from specrouter.chat import chat_prompt_tokens
 from specrouter.drafters import MODEL_FREE
 from specrouter.drafters.memory import SuffixMemory
 from specrouter.engine.batch import BatchScheduler, Delta, Failed, Finished, SeqRequest
+from specrouter.engine.phase import InPhase, ServeAll
 from specrouter.pool import Pool
 from specrouter.router import auto_router
 
@@ -99,7 +106,8 @@ def repeating_prompts(target, workload: str, n: int) -> list[list[int]]:
 
 
 def run(levels: list[int], per_slot: int, max_tokens: int, workload: str = "first-turn", lookup: str = "ngram",
-        router_dir: Path | None = None) -> dict:
+        router_dir: Path | None = None, chain: list[str] | None = None, draft_lengths: list[int] | None = None,
+        auto: bool = True) -> dict:
     router_dir, router_state = router_start(router_dir)
     pool = Pool(n_ctx=2048, n_seq_max=max(levels))
     target = pool.level(TARGET)
@@ -107,17 +115,26 @@ def run(levels: list[int], per_slot: int, max_tokens: int, workload: str = "firs
     prompt_list = prompts(target, n) if workload == "first-turn" else repeating_prompts(target, workload, 2 * n)
     memory = SuffixMemory() if MODEL_FREE[lookup].remembers else None
     router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=router_dir, progress=True, lookup=lookup,
-                         memory=memory)
+                         memory=memory) if auto else None
     alone = pool.chain([TARGET])
-    planners = {"target alone": lambda r: alone, "auto": lambda r: router.session()}
+    # (method, planner, the scheduler's step policy)
+    methods = [("target alone", lambda r: alone, InPhase())]
+    if auto:
+        methods.append(("auto", lambda r: router.session(), InPhase()))
+    if chain:
+        fixed = pool.chain(chain, draft_lengths)
+        label = f"{' -> '.join(chain)} {list(fixed.draft_lengths)}"
+        methods += [(f"{label}, in-phase", lambda r: fixed, InPhase()), (f"{label}, serve-all", lambda r: fixed, ServeAll()),
+                    ("target alone", lambda r: alone, InPhase())]
     rows = []
-    with tqdm(total=len(levels) * len(planners), desc="concurrency levels") as bar:
+    with tqdm(total=len(levels) * len(methods), desc="concurrency levels") as bar:
         for c in levels:
-            for method, plan in planners.items():
-                scheduler = BatchScheduler(plan, max_batch=c)
+            for method, plan, phases in methods:
+                scheduler = BatchScheduler(plan, max_batch=c, phases=phases)
                 rows.append({"method": method, **closed_loop(scheduler, prompt_list, c, c * per_slot, max_tokens)})
                 bar.update(1)
-    router.save_estimates()
+    if router is not None:
+        router.save_estimates()
     pool.close()
     return {"machine": machine_info(), "max_tokens": max_tokens, "requests_per_slot": per_slot, "rows": rows,
             "workload": workload, "lookup": lookup, "router_start": router_state,
@@ -133,7 +150,7 @@ def markdown(result: dict, plot: str) -> str:
         f"Command: `{m['command']}`. Default pool (target {TARGET}, draft {SMALL} and the "
         f"{result.get('lookup', 'ngram')} lookup), workload {result.get('workload', 'first-turn')}, greedy, "
         f"{result['max_tokens']} new tokens per request at most, closed loop with c requests in flight, "
-        f"{result['requests_per_slot']} x c requests per level, both methods in one run. "
+        f"{result['requests_per_slot']} x c requests per level, every method in one run. "
         f"Router at the start: {result.get('router_start', 'the user cache')}."
         + (f" Cross-request memory at the end: {result['memory']['tokens_held']:,} tokens held, "
            f"{result['memory']['megabytes']} MB." if result.get("memory") else ""), "",
@@ -141,7 +158,11 @@ def markdown(result: dict, plot: str) -> str:
         "| cycles speculating | mean batch per model call |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    base = {r["concurrency"]: r["tokens_per_second"] for r in result["rows"] if r["method"] == "target alone"}
+    alone: dict[int, list[float]] = {}
+    for r in result["rows"]:
+        if r["method"] == "target alone":
+            alone.setdefault(r["concurrency"], []).append(r["tokens_per_second"])
+    base = {c: float(np.mean(v)) for c, v in alone.items()}  # its run first and, with --chain, last
     for r in result["rows"]:
         lines.append(
             f"| {r['concurrency']} | {r['method']} | {r['tokens_per_second']} | "
@@ -182,11 +203,18 @@ def main() -> None:
     ap.add_argument("--workload", choices=["first-turn", "code-edit", "docs"], default="first-turn")
     ap.add_argument("--lookup", choices=list(MODEL_FREE), default="ngram")
     ap.add_argument("--router-dir", type=Path, help="the router's starting profile and estimates (default: fresh)")
+    ap.add_argument("--chain", help="also a fixed chain of pool models, e.g. qwen2.5-coder-0.5b,qwen2.5-coder-1.5b, "
+                                    "served in phase and serving every model each step")
+    ap.add_argument("--draft-lengths", help="the fixed chain's draft lengths, e.g. 3")
+    ap.add_argument("--no-auto", action="store_true", help="leave auto out")
     ap.add_argument("--stem", help="name of the result files (default: serving-<date>)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    result = run(levels, args.requests_per_slot, args.max_tokens, args.workload, args.lookup, args.router_dir)
+    chain = args.chain.split(",") if args.chain else None
+    lengths = [int(k) for k in args.draft_lengths.split(",")] if args.draft_lengths else None
+    result = run(levels, args.requests_per_slot, args.max_tokens, args.workload, args.lookup, args.router_dir,
+                 chain, lengths, not args.no_auto)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.stem or f"serving-{result['machine']['date'][:10]}"
     plot(result, args.out / f"{stem}.png")

@@ -4,6 +4,7 @@ would do (roofline: a simulation, labelled so).
 
     python -m benchmarks.simulation [--per-dataset 5] [--max-tokens 128] [--repeats 1] [--target NAME] [--stem NAME]
     python -m benchmarks.simulation --trace benchmarks/results/NAME-trace.json [--no-validate] [--batches 1,8,32]
+                                    [--phases in-phase|serve-all]
 
 1. Record (skipped with --trace): HumanEval (raw completion), GSM8K and MT-Bench (first
    turn, chat), the default q4 llama.cpp 1.5B target (or --target) with the q4 0.5B recorded beside it
@@ -16,7 +17,9 @@ would do (roofline: a simulation, labelled so).
    H100 / H200 profiles with 5 ms and 0.5 ms per forward (fp16 weights), batch 1.
 4. Batches (roofline profiles only; specrouter.sim.batched): the same methods with B
    sequences served at once by the batch scheduler (--batches, default 1, 8, 32), the
-   trace's requests repeated to fill the batch; throughput over the target alone's.
+   trace's requests repeated to fill the batch; throughput over the target alone's. The
+   scheduler calls per step the model most sequences wait on (--phases in-phase, the
+   server's) or every model some sequence waits on (serve-all; engine/phase.py).
 Writes <stem>.json and .md to benchmarks/results/.
 """
 
@@ -31,6 +34,7 @@ from pathlib import Path
 from benchmarks.args import write_result
 from benchmarks.chains import RESULTS, SMALL, TARGET, load_prompts
 from benchmarks.machine import machine_info
+from specrouter.engine.phase import InPhase, ServeAll, StepModels
 from specrouter.pool import Pool
 from specrouter.router.costs import CostProfile
 from specrouter.sim.batched import BATCHES, predict_batches
@@ -41,10 +45,16 @@ from specrouter.sim.validate import validate
 
 BRANCH_TOKENS = 24
 ROOFLINES = (("h100", 5.0), ("h200", 5.0), ("h200", 0.5))
+#: --phases: which models a step of the batch scheduler calls.
+PHASES: dict[str, StepModels] = {"in-phase": InPhase(), "serve-all": ServeAll()}
+#: How a report says it (a result from before --phases was served with serve-all).
+STEP_MODELS = {"in-phase": "the model most sequences wait on and any whose sequences waited a step",
+               "serve-all": "every model some sequence waits on"}
 
 
 def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None, stem: str, out: Path,
-        do_validate: bool, target_name: str = TARGET, batches: tuple[int, ...] = BATCHES) -> dict:
+        do_validate: bool, target_name: str = TARGET, batches: tuple[int, ...] = BATCHES,
+        phases_name: str = "in-phase") -> dict:
     phases: dict[str, float] = {}
     started = time.perf_counter()
     pool = Pool(n_ctx=4096, n_seq_max=1)
@@ -76,7 +86,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
     predictions = predict_all(trace, profiles)
     phases["predict"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    batched = {label: predict_batched(trace, profile, batches) for label, profile in profiles.items()
+    batched = {label: predict_batched(trace, profile, batches, PHASES[phases_name]) for label, profile in profiles.items()
                if label.endswith("SIMULATION")} if batches else {}
     phases["batches"] = time.perf_counter() - mark
     return {
@@ -85,6 +95,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
                   "requests": len(trace.requests), "tokens": sum(len(r.answer) for r in trace.requests),
                   "max_tokens": trace.max_tokens, "branch_tokens": trace.branch_tokens, "note": trace.note},
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
+        "step_models": phases_name,
         "validation": None if checked is None else {
             "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok, "profile": checked.profile,
             "groups": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.groups.items()}},
@@ -108,10 +119,11 @@ def predict_all(trace: Trace, profiles: dict[str, CostProfile]) -> dict[str, dic
     return out
 
 
-def predict_batched(trace: Trace, profile: CostProfile, batches: tuple[int, ...]) -> dict:
+def predict_batched(trace: Trace, profile: CostProfile, batches: tuple[int, ...], phases: StepModels) -> dict:
     """Per batch size: the target alone's throughput, and the speed-ups of the best fixed
     chain of each depth (all requests pooled, chosen with hindsight per batch) and auto."""
-    p = predict_batches(trace, profile, batches, progress=lambda what: print(f"replaying {what}", flush=True))
+    p = predict_batches(trace, profile, batches, progress=lambda what: print(f"replaying {what}", flush=True),
+                        phases=phases)
     out = {}
     for b in batches:
         rows = {ALONE: {"speedup": p.speedup[b][ALONE]}}
@@ -153,7 +165,9 @@ def markdown(result: dict) -> str:
         methods = list(per_batch[batches[0]]["methods"])
         lines += [f"## Batches: {label}", "",
                   "Throughput over the target alone's at the same batch (all requests pooled; the trace's requests "
-                  "repeated to fill the batch, served by the batch scheduler; the best chain chosen per batch).", "",
+                  "repeated to fill the batch, served by the batch scheduler calling per step "
+                  + STEP_MODELS[result.get("step_models", "serve-all")]
+                  + "; the best chain chosen per batch).", "",
                   "| method | " + " | ".join(f"B = {b}" for b in batches) + " |", "|---|" + "---|" * len(batches),
                   "| target alone, tokens/s | " + " | ".join(f"{per_batch[b]['alone_tokens_per_second']:.0f}"
                                                           for b in batches) + " |"]
@@ -176,6 +190,8 @@ def main() -> None:
     ap.add_argument("--no-validate", action="store_true", help="predict only (no real runs)")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
                     help="batch sizes predicted on the roofline profiles ('' for none)")
+    ap.add_argument("--phases", choices=list(PHASES), default="in-phase",
+                    help="which models a step of the batch scheduler calls (engine/phase.py)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", help="name of the result files (default: simulation-<date>)")
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
@@ -184,7 +200,8 @@ def main() -> None:
     stem = args.stem or f"simulation-{machine_info()['date'][:10]}"
     result = (json.loads(args.render.read_text()) if args.render is not None
               else run(args.per_dataset, args.max_tokens, args.repeats, args.trace, stem, args.out,
-                       not args.no_validate, args.target, tuple(int(b) for b in args.batches.split(",") if b)))
+                       not args.no_validate, args.target, tuple(int(b) for b in args.batches.split(",") if b),
+                       args.phases))
     write_result(result, args.out, stem, markdown)
 
 

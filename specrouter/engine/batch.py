@@ -32,6 +32,7 @@ from specrouter.cascade.chain import Chain, EvalRequest, LevelStats, execute
 from specrouter.cascade.logprobs import TokenLogprob
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import MemoryScope
+from specrouter.engine.phase import InPhase, StepModels
 from specrouter.engine.prefill import PREFILL_SHARE, ChunkedPrefill
 from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
 from specrouter.engine.speculation import Speculation, check_chain
@@ -96,6 +97,7 @@ class _Active:
     steps: Generator[EvalRequest, np.ndarray, list[int]] | None = None  # the cycle in progress
     pending: EvalRequest | None = None  # the forward it waits for
     reported: int = 0  # tokens counted in Deltas so far
+    waited: int = 0  # steps its pending forward has waited beyond the step it was due
     counted: dict[str, LevelStats] = field(default_factory=dict)  # its level counters as last taken
 
     def spec_counts(self) -> list[LevelStats]:
@@ -130,9 +132,12 @@ class _Call(NamedTuple):
 
 
 class BatchScheduler:
-    """Advances every active sequence cycle by cycle; one step serves, per model, the
-    forwards that all sequences wait for in ONE decode_batch call (a sequence that drafts
-    and one that verifies wait for different models and are served in the same step).
+    """Advances every active sequence cycle by cycle; one step serves, per model it calls,
+    the forwards that all sequences wait for in ONE decode_batch call. Which models a step
+    calls is `phases`' choice (phase.py): by default the one most sequences wait on, so a
+    batch's sequences draft together and verify together, and any model whose sequences
+    have already waited a step (a sequence that drafts and one that verifies are then
+    served in the same step).
 
     A model that raises (or answers slower than `stall_seconds`, when set) is taken out
     of the chains of the requests it served in that call, and those requests go on
@@ -140,12 +145,16 @@ class BatchScheduler:
     A failing target fails only the requests it served."""
 
     def __init__(self, plan: Planner, max_batch: int = 8, stall_seconds: float | None = None,
-                 clock: Callable[[], float] = time.perf_counter, prefill_share: float | None = PREFILL_SHARE) -> None:
+                 clock: Callable[[], float] = time.perf_counter, prefill_share: float | None = PREFILL_SHARE,
+                 phases: StepModels | None = None) -> None:
         """prefill_share: the share of a decoding step a step may add by feeding chunks of
-        long prompts (prefill.py; None: every forward runs whole)."""
+        long prompts (prefill.py; None: every forward runs whole); phases: which models a
+        step calls (phase.py; default InPhase(): the one most sequences wait on, and any
+        whose sequences have waited a step)."""
         if max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
         self.plan, self.max_batch, self.stall_seconds, self.clock = plan, max_batch, stall_seconds, clock
+        self.phases = phases if phases is not None else InPhase()
         #: The chunked-prefill policy (None: none).
         self.prefill = ChunkedPrefill(prefill_share) if prefill_share is not None else None
         self._waiting: deque[tuple[str, SequenceRun]] = deque()
@@ -249,11 +258,23 @@ class BatchScheduler:
         for a in self._active.values():
             if a.pending is not None:  # a choice's first forward on a model takes the prompt's KV from its donor
                 a.run.state.adopt(a.pending.backend, a.pending.tokens)
-        calls = self._split([(rid, a) for rid, a in self._active.items() if a.pending is not None])
+        calls = self._called(self._split([(rid, a) for rid, a in self._active.items() if a.pending is not None]))
         seconds = sum(self._serve(group, events) for group in _by_backend(calls))
         if self.prefill is not None:
             self.prefill.step_done(seconds)
         return events
+
+    def _called(self, calls: list[_Call]) -> list[_Call]:
+        """The step's calls of the models it calls (self.phases); the others wait. After the
+        prefill's split: a chunk rides with its model's decoding forwards, so it waits with them."""
+        waits: dict[int, list[int]] = {}
+        for c in calls:
+            waits.setdefault(id(c.request.backend), []).append(c.active.waited)
+        called = self.phases.pick(waits)
+        for c in calls:
+            if id(c.request.backend) not in called:
+                c.active.waited += 1
+        return [c for c in calls if id(c.request.backend) in called]
 
     def _split(self, pending: list[tuple[str, _Active]]) -> list[_Call]:
         """The step's calls: the forwards run whole, and chunks of those the prefill policy
@@ -289,7 +310,7 @@ class BatchScheduler:
                 self._finish(rid, a, events)
                 return
             a.steps = runner.steps(a.run.context, a.run.room)
-            a.pending = next(a.steps)
+            a.pending, a.waited = next(a.steps), 0
         except StopIteration as done:  # a cycle without a forward (cannot happen: the target runs)
             self._end_cycle(rid, a, done.value, events)
         except Exception as exc:  # noqa: BLE001 - the request fails, the others go on
@@ -314,6 +335,7 @@ class BatchScheduler:
         if self.prefill is not None:
             self.prefill.timed(id(backend), seconds, sum(not c.chunk for c in group), sum(c.chunk for c in group))
         for (rid, a, request, chunk), logits in zip(group, outputs):
+            a.waited = 0  # its model was called (a chunk too: a prompt fed in parts is on its way)
             if chunk:
                 continue
             try:

@@ -2,8 +2,9 @@
 requests, B sequences at a time, on the simulated clock.
 
 The scheduler is the server's: continuous batching (a sequence that ends makes room for the
-next waiting one), one call per model and step for every sequence waiting on that model,
-priced as one forward over all their tokens, profile.seconds(model, sum of their n): a
+next waiting one), per step one call of each model it calls (engine/phase.py: by default
+the one most sequences wait on) for every sequence waiting on that model, priced as one
+forward over all their tokens, profile.seconds(model, sum of their n): a
 batch of B sequences verifying k tokens each costs what one forward of B·k tokens costs.
 That is how llama.cpp and torch batch on a CPU, and what the roofline (roofline.py) says of
 a device, up to the KV cache each sequence reads, which neither the profile nor the roofline
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 from specrouter.cascade.chain import Chain
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
+from specrouter.engine.phase import StepModels
 from specrouter.engine.request import ChainRouter
 from specrouter.errors import InvalidParameterError
 from specrouter.router.costs import CostProfile
@@ -64,15 +66,17 @@ def copies_for(batch: int, requests: int) -> int:
     return max(1, math.ceil(2 * batch / requests))
 
 
-def serve(replay: Replay, plan: Callable[[], Chain | ChainRouter], batch: int, copies: int | None = None) -> BatchRun:
+def serve(replay: Replay, plan: Callable[[], Chain | ChainRouter], batch: int, copies: int | None = None,
+          phases: StepModels | None = None) -> BatchRun:
     """The trace's requests (`copies` times over; default copies_for) through a batch
-    scheduler of `batch` sequences, each request's chain or router session from `plan()`."""
+    scheduler of `batch` sequences, each request's chain or router session from `plan()`;
+    phases: which models a step calls (engine/phase.py; default the scheduler's)."""
     if batch < 1:
         raise InvalidParameterError(f"a batch holds at least 1 sequence, got {batch}")
     requests = replay.trace.requests
     copies = copies or copies_for(batch, len(requests))
     played = replay.play_all()
-    scheduler = BatchScheduler(lambda _: plan(), max_batch=batch, clock=replay.clock, prefill_share=None)
+    scheduler = BatchScheduler(lambda _: plan(), max_batch=batch, clock=replay.clock, prefill_share=None, phases=phases)
     expected = {}
     for c in range(copies):
         for i, (prompt, answer) in enumerate(played):
@@ -110,9 +114,11 @@ class BatchPrediction:
 
 def predict_batches(trace: Trace, profile: CostProfile, batches: Sequence[int] = BATCHES,
                     lookup: str = DEFAULT_LOOKUP, chains: Sequence[ChainChoice] | None = None,
-                    price_prompt: bool = False, progress: Callable[[str], None] | None = None) -> BatchPrediction:
+                    price_prompt: bool = False, progress: Callable[[str], None] | None = None,
+                    phases: StepModels | None = None) -> BatchPrediction:
     """The target alone, every fixed chain of `chains` (default candidate_chains) and the
-    router (one fresh router per batch size, its sessions sharing it) at each batch size."""
+    router (one fresh router per batch size, its sessions sharing it) at each batch size;
+    phases: which models a scheduler's step calls (default the scheduler's)."""
     if not batches or min(batches) < 1:
         raise InvalidParameterError(f"batch sizes must be >= 1, got {list(batches)}")
     fixed = list(chains if chains is not None else candidate_chains(trace, lookup))
@@ -127,7 +133,7 @@ def predict_batches(trace: Trace, profile: CostProfile, batches: Sequence[int] =
         for label, plan in methods.items():
             if progress is not None:
                 progress(f"batch {b}: {label}")
-            runs[label] = serve(replay, plan, b)
+            runs[label] = serve(replay, plan, b, phases=phases)
         alone = runs[ALONE].tokens_per_second
         tps[b] = {m: round(r.tokens_per_second, 3) for m, r in runs.items()}
         speedup[b] = {m: round(r.tokens_per_second / alone, 3) for m, r in runs.items()}

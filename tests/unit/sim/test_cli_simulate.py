@@ -107,7 +107,7 @@ def test_prompts_are_json_lines_of_text_or_chat_with_ids_and_groups(tmp_path):
 
 
 def test_the_benchmarks_report_shows_each_profiles_speedups_and_best_chains(files):
-    from benchmarks.simulation import markdown, predict_all, predict_batched
+    from benchmarks.simulation import PHASES, markdown, predict_all, predict_batched
     from specrouter.sim.batched import predict_batches
 
     trace = Trace.load(files / "trace.json")
@@ -116,7 +116,8 @@ def test_the_benchmarks_report_shows_each_profiles_speedups_and_best_chains(file
               "trace": {"requests": 4, "tokens": 120, "max_tokens": 30, "target": "target", "drafts": ["draft"],
                         "branch_tokens": 24, "note": ""},
               "phase_seconds": {}, "validation": None, "predictions": predict_all(trace, profiles),
-              "batches": {"synthetic: SIMULATION": predict_batched(trace, profiles["synthetic"], (1, 4))}}
+              "step_models": "in-phase",
+              "batches": {"synthetic: SIMULATION": predict_batched(trace, profiles["synthetic"], (1, 4), PHASES["in-phase"])}}
     md = markdown(json.loads(json.dumps(result)))  # as a saved result renders
     expected = predict(trace, profiles["synthetic"])
     best3 = expected.best["best 3-level"]
@@ -128,3 +129,4 @@ def test_the_benchmarks_report_shows_each_profiles_speedups_and_best_chains(file
     assert (f"| best 2-level | {batched.speedup[1][best2[0]]:.3f} ({best2[0]}) | "
             f"{batched.speedup[4][best2[1]]:.3f} ({best2[1]}) |") in md
     assert f"| auto | {batched.speedup[1]['auto']:.3f} | {batched.speedup[4]['auto']:.3f} |" in md
+    assert "calling per step the model most sequences wait on and any whose sequences waited a step" in md
