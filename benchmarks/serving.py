@@ -151,7 +151,8 @@ def markdown(result: dict, plot: str) -> str:
         f"{result.get('lookup', 'ngram')} lookup), workload {result.get('workload', 'first-turn')}, greedy, "
         f"{result['max_tokens']} new tokens per request at most, closed loop with c requests in flight, "
         f"{result['requests_per_slot']} x c requests per level, every method in one run. "
-        f"Router at the start: {result.get('router_start', 'the user cache')}."
+        + (f"Router at the start: {result.get('router_start', 'the user cache')}."
+           if any(r["method"] == "auto" for r in result["rows"]) else "No router (auto left out).")
         + (f" Cross-request memory at the end: {result['memory']['tokens_held']:,} tokens held, "
            f"{result['memory']['megabytes']} MB." if result.get("memory") else ""), "",
         "| concurrency | method | total tok/s | ratio to target alone | TTFT median ms | ITL median ms | ITL p95 ms "
