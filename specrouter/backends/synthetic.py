@@ -103,8 +103,8 @@ class SyntheticBackend(Backend):
             raise AssertionError(f"{self.name}: context overflow")
         kv.extend(tokens)
         self.decoded_tokens += len(tokens)
-        n = len(kv)
-        return np.stack([self.logits_for(kv[: n - n_logits + i + 1]) for i in range(n_logits)])
+        first = len(kv) - n_logits + 1  # row i follows kv[:first + i]
+        return np.array([self.logits_for(kv[:end]) for end in range(first, first + n_logits)])
 
     def _charge(self, n_tokens: int) -> None:
         """One call into the model over n_tokens: its simulated (and optionally slept) cost."""

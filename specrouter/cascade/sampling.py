@@ -104,8 +104,9 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     # Shift by the max first: a tiny temperature then sends the others to -inf, never inf - inf.
     scaled = logits.astype(dtype)  # a copy: the caller's logits stay as they are
     scaled -= scaled.max()
-    with np.errstate(over="ignore", invalid="ignore"):
-        scaled *= inverse
+    if inverse != 1.0:  # (x * 1.0 is x: temperature 1 skips the pass and its error-state switch)
+        with np.errstate(over="ignore", invalid="ignore"):
+            scaled *= inverse
     if math.isinf(inverse):  # a temperature so small its inverse overflows: 0 * inf at the maximum
         scaled[np.isnan(scaled)] = 0.0
     if params.min_p > 0:
@@ -136,14 +137,15 @@ def _top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
         if probs[order].sum() < top_p:
             order = np.argsort(-probs, kind="stable")
     else:
-        order = np.argsort(-probs, kind="stable")
-    cumulative = np.cumsum(probs[order])
+        order = (-probs).argsort(kind="stable")
+    cumulative = probs[order].cumsum()
     # First index where the cumulative mass reaches top_p; keep up to and including it.
-    cut = int(np.searchsorted(cumulative, top_p - 1e-12)) + 1
+    cut = int(cumulative.searchsorted(top_p - 1e-12)) + 1
     kept = order[:cut]
-    out = np.zeros_like(probs)
+    out = np.zeros(n, dtype=probs.dtype)
     out[kept] = probs[kept]
-    return out / out.sum()
+    out /= out.sum()
+    return out
 
 
 #: sample() searches block sums first, then one block: two short cumulative sums instead
@@ -156,8 +158,8 @@ def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     u = rng.random()
     n = probs.shape[0]
     if n <= 4 * _SAMPLE_BLOCK:
-        cdf = np.cumsum(probs)
-        return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), n - 1))
+        cdf = probs.cumsum()
+        return int(min(cdf.searchsorted(u * cdf[-1], side="right"), n - 1))
     starts = np.arange(0, n, _SAMPLE_BLOCK)
     block_cdf = np.cumsum(np.add.reduceat(probs, starts))
     x = u * block_cdf[-1]
