@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specrouter.allocator import keep_freed_pages
 from specrouter.backends.base import Backend
 from specrouter.drafters import MODEL_FREE
 from specrouter.cascade.chain import Chain, Level
@@ -65,6 +66,11 @@ class Pool:
     #: Layers of each llama.cpp model offloaded to a GPU (specrouter/offload.py; none by default).
     gpu_layers: GpuLayers = GpuLayers()
     _loaded: dict[str, Backend] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The process that holds a pool serves from it: its cycles' freed arrays stay mapped
+        # for the next cycle (specrouter/allocator.py; process-wide, speed only).
+        keep_freed_pages()
 
     def level(self, spec: str) -> Level:
         """A chain level: a fresh model-free drafter, or the (shared) loaded model."""

@@ -12,8 +12,9 @@ run with those latencies). The prompt is not priced unless asked (`price_prompt`
 decode is what a method changes; a draft's catch-up on the prompt is unpriced likewise
 (the router still weighs that catch-up from the profile when it decides, as it does for real).
 
-Not simulated: the Python work per cycle (0.6-0.7 ms for the router's choice on the EPYC
-runs of docs/copy-drafting.md), sampling (greedy only), batches (here one request at a
+Not simulated: the host work per cycle (0.6-0.7 ms for the router's choice on the EPYC
+runs of docs/copy-drafting.md; the cascade's own, ~0.1 ms per greedy token, measured in
+docs/host-work.md), sampling (greedy only), batches (here one request at a
 time; batched.py serves them B at a time through the batch scheduler),
 and the off-path behaviour of intermediate verifiers (backends/replay.py). A model-free
 lookup costs what the profile's lookup_seconds says, not charged to the clock.
