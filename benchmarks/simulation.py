@@ -38,6 +38,7 @@ from specrouter.engine.phase import InPhase, ServeAll, StepModels
 from specrouter.pool import Pool
 from specrouter.router.costs import CostProfile
 from specrouter.sim.batched import BATCHES, predict_batches
+from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.roofline import device, roofline_profile
 from specrouter.sim.simulate import ALONE, AUTO, predict
 from specrouter.sim.trace import Trace, record
@@ -54,7 +55,7 @@ STEP_MODELS = {"in-phase": "the model most sequences wait on and any whose seque
 
 def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None, stem: str, out: Path,
         do_validate: bool, target_name: str = TARGET, batches: tuple[int, ...] = BATCHES,
-        phases_name: str = "in-phase") -> dict:
+        phases_name: str = "in-phase", host: HostCosts = NO_HOST) -> dict:
     phases: dict[str, float] = {}
     started = time.perf_counter()
     pool = Pool(n_ctx=4096, n_seq_max=1)
@@ -83,10 +84,10 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
     for name, overhead in ROOFLINES:
         dev = device(name, overhead)
         profiles[f"{dev.name}, {overhead} ms per forward: SIMULATION"] = roofline_profile(dev, trace.params_b)
-    predictions = predict_all(trace, profiles)
+    predictions = predict_all(trace, profiles, host)
     phases["predict"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    batched = {label: predict_batched(trace, profile, batches, PHASES[phases_name]) for label, profile in profiles.items()
+    batched = {label: predict_batched(trace, profile, batches, PHASES[phases_name], host) for label, profile in profiles.items()
                if label.endswith("SIMULATION")} if batches else {}
     phases["batches"] = time.perf_counter() - mark
     return {
@@ -96,6 +97,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
                   "max_tokens": trace.max_tokens, "branch_tokens": trace.branch_tokens, "note": trace.note},
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
         "step_models": phases_name,
+        "host": host.label(),
         "validation": None if checked is None else {
             "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok, "profile": checked.profile,
             "groups": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.groups.items()}},
@@ -104,12 +106,12 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
     }
 
 
-def predict_all(trace: Trace, profiles: dict[str, CostProfile]) -> dict[str, dict]:
+def predict_all(trace: Trace, profiles: dict[str, CostProfile], host: HostCosts = NO_HOST) -> dict[str, dict]:
     """Per profile: the target alone, auto and the best fixed chain of each depth (per
     dataset), their speed-ups; auto's share of drafting cycles; a few forward costs."""
     out = {}
     for label, profile in profiles.items():
-        p = predict(trace, profile)
+        p = predict(trace, profile, host=host)
         rows = {ALONE: p.speedup[ALONE], AUTO: p.speedup[AUTO]}
         for which, per_group in p.best.items():
             rows[which] = {g: p.speedup[chain][g] for g, chain in per_group.items()}
@@ -119,11 +121,12 @@ def predict_all(trace: Trace, profiles: dict[str, CostProfile]) -> dict[str, dic
     return out
 
 
-def predict_batched(trace: Trace, profile: CostProfile, batches: tuple[int, ...], phases: StepModels) -> dict:
+def predict_batched(trace: Trace, profile: CostProfile, batches: tuple[int, ...], phases: StepModels,
+                    host: HostCosts = NO_HOST) -> dict:
     """Per batch size: the target alone's throughput, and the speed-ups of the best fixed
     chain of each depth (all requests pooled, chosen with hindsight per batch) and auto."""
     p = predict_batches(trace, profile, batches, progress=lambda what: print(f"replaying {what}", flush=True),
-                        phases=phases)
+                        phases=phases, host=host)
     out = {}
     for b in batches:
         rows = {ALONE: {"speedup": p.speedup[b][ALONE]}}
@@ -140,7 +143,8 @@ def markdown(result: dict) -> str:
              f"`{m['command']}`. Phases (s): {result['phase_seconds']}.", "",
              f"Trace: {t['requests']} requests ({t['tokens']} tokens, at most {t['max_tokens']} each), target "
              f"{t['target']}, drafts {', '.join(t['drafts'])}, branches of {t['branch_tokens']} tokens; recorded: "
-             f"{t['note']}. Greedy, batch 1, prefill not priced. Speed-up: median per request of the target alone's "
+             f"{t['note']}. Greedy, batch 1, prefill not priced. The engine's own work per call (docs/host-work.md): "
+             f"{result.get('host', 'not priced')}. Speed-up: median per request of the target alone's "
              "(simulated or measured decode) time over the method's.", ""]
     v = result["validation"]
     if v is not None:
@@ -192,6 +196,9 @@ def main() -> None:
                     help="batch sizes predicted on the roofline profiles ('' for none)")
     ap.add_argument("--phases", choices=list(PHASES), default="in-phase",
                     help="which models a step of the batch scheduler calls (engine/phase.py)")
+    ap.add_argument("--host-ms", type=HostCosts.parse_ms, default=NO_HOST, metavar="CALL,ROW",
+                    help="price the engine's own work: ms per sequence in a call, ms per row (docs/host-work.md; "
+                         "default: not priced)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", help="name of the result files (default: simulation-<date>)")
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
@@ -201,7 +208,7 @@ def main() -> None:
     result = (json.loads(args.render.read_text()) if args.render is not None
               else run(args.per_dataset, args.max_tokens, args.repeats, args.trace, stem, args.out,
                        not args.no_validate, args.target, tuple(int(b) for b in args.batches.split(",") if b),
-                       args.phases))
+                       args.phases, args.host_ms))
     write_result(result, args.out, stem, markdown)
 
 

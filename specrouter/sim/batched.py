@@ -38,6 +38,7 @@ from specrouter.engine.request import ChainRouter
 from specrouter.errors import InvalidParameterError
 from specrouter.router.costs import CostProfile
 from specrouter.drafters import DEFAULT_LOOKUP
+from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.simulate import ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains, drafted_cycles
 from specrouter.sim.trace import Trace
 
@@ -115,14 +116,15 @@ class BatchPrediction:
 def predict_batches(trace: Trace, profile: CostProfile, batches: Sequence[int] = BATCHES,
                     lookup: str = DEFAULT_LOOKUP, chains: Sequence[ChainChoice] | None = None,
                     price_prompt: bool = False, progress: Callable[[str], None] | None = None,
-                    phases: StepModels | None = None) -> BatchPrediction:
+                    phases: StepModels | None = None, host: HostCosts = NO_HOST) -> BatchPrediction:
     """The target alone, every fixed chain of `chains` (default candidate_chains) and the
     router (one fresh router per batch size, its sessions sharing it) at each batch size;
-    phases: which models a scheduler's step calls (default the scheduler's)."""
+    phases: which models a scheduler's step calls (default the scheduler's); host: the
+    engine's own work per call and row (sim/host.py; default unpriced)."""
     if not batches or min(batches) < 1:
         raise InvalidParameterError(f"batch sizes must be >= 1, got {list(batches)}")
     fixed = list(chains if chains is not None else candidate_chains(trace, lookup))
-    replay = Replay(trace, profile, price_prompt)
+    replay = Replay(trace, profile, price_prompt, host)
     tps, speedup, drafted, best = {}, {}, {}, {}
     for b in batches:
         methods: dict[str, Callable[[], Chain | ChainRouter]] = {ALONE: lambda: replay.chain(ChainChoice((trace.target,), ()))}

@@ -14,7 +14,7 @@ decode is what a method changes; a draft's catch-up on the prompt is unpriced li
 
 Not simulated: the host work per cycle (0.6-0.7 ms for the router's choice on the EPYC
 runs of docs/copy-drafting.md; the cascade's own, ~0.1 ms per greedy token, measured in
-docs/host-work.md), sampling (greedy only), batches (here one request at a
+docs/host-work.md: `host` prices it per call and row, sim/host.py; off by default), sampling (greedy only), batches (here one request at a
 time; batched.py serves them B at a time through the batch scheduler),
 and the off-path behaviour of intermediate verifiers (backends/replay.py). A model-free
 lookup costs what the profile's lookup_seconds says, not charged to the clock.
@@ -41,6 +41,7 @@ from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.build import build_router
 from specrouter.router.costs import CostProfile, OnlineCosts
 from specrouter.router.scheduler import Router
+from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.trace import Trace
 
 ALONE = "target alone"
@@ -82,7 +83,7 @@ class Run:
 class Replay:
     """The trace's models replayed, each priced by `profile`, sharing one vocabulary."""
 
-    def __init__(self, trace: Trace, profile: CostProfile, price_prompt: bool = False) -> None:
+    def __init__(self, trace: Trace, profile: CostProfile, price_prompt: bool = False, host: HostCosts = NO_HOST) -> None:
         missing = [m for m in (trace.target, *trace.drafts) if m not in profile.tables]
         if missing:
             raise SimulationError(f"the cost profile has no table for {', '.join(missing)}")
@@ -92,10 +93,10 @@ class Replay:
         vocabulary = Vocabulary.of(scripts, tracks.values(), trace.eos_ids)
 
         def backend(name: str) -> ReplayBackend:
-            return ReplayBackend(name, scripts, latency=lambda n: profile.seconds(name, n),
+            return ReplayBackend(name, scripts, latency=lambda n: profile.seconds(name, n) + host.seconds(1, n),
                                  params_b=trace.params_b[name], tracks=tracks.get(name), vocabulary=vocabulary,
                                  price_prompt=price_prompt,
-                                 batch_latency=lambda n, b: profile.seconds(name, n / b, b))
+                                 batch_latency=lambda n, b: profile.seconds(name, n / b, b) + host.seconds(b, n))
 
         self.target = backend(trace.target)
         self.drafts = [backend(d) for d in trace.drafts]
@@ -184,11 +185,12 @@ def speedups(alone: Sequence[Run], runs: Sequence[Run], groups: Sequence[str]) -
 
 def predict(trace: Trace, profile: CostProfile, lookup: str = DEFAULT_LOOKUP,
             chains: Sequence[ChainChoice] | None = None, price_prompt: bool = False,
-            progress: Callable[[str], None] | None = None) -> Prediction:
+            progress: Callable[[str], None] | None = None, host: HostCosts = NO_HOST) -> Prediction:
     """The target alone, every fixed chain of `chains` (default: candidate_chains) and the
-    router, each over the whole trace on `profile`; the best fixed chain of each depth per
-    group is the one with the highest median speed-up there (chosen with hindsight)."""
-    replay = Replay(trace, profile, price_prompt)
+    router, each over the whole trace on `profile` (plus the engine's own work as `host`
+    prices it); the best fixed chain of each depth per group is the one with the highest
+    median speed-up there (chosen with hindsight)."""
+    replay = Replay(trace, profile, price_prompt, host)
     groups = trace.groups
     alone = replay.run(replay.chain(ChainChoice((trace.target,), ())))
     results: dict[str, list[Run]] = {ALONE: alone}

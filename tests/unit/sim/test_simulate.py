@@ -14,6 +14,7 @@ from specrouter.engine import generate
 from specrouter.errors import InvalidParameterError
 from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts
 from specrouter.router.build import build_router
+from specrouter.sim.host import HostCosts
 from specrouter.sim.roofline import DEVICES, Device, device, roofline_profile
 from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains,
                                      predict)
@@ -242,3 +243,42 @@ def test_validation_sets_real_runs_beside_the_simulation_on_the_profile_it_measu
     assert {g: c.drafted_simulated for g, c in out.groups.items()} == simulated.drafted[AUTO]
     assert all(0 <= c.drafted_measured <= 1 for c in out.groups.values())
     assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for c in out.groups.values())
+
+
+@pytest.mark.parametrize(("names", "ks"), [(("target",), ()), (("draft", "target"), (3,)),
+                                           (("suffix", "draft", "target"), (2, 6))])
+def test_host_costs_add_their_price_per_call_and_row_to_every_forward(trace, names, ks):
+    # A profile a + b n per forward plus the engine's c per call and r per row is the profile
+    # (a + c) + (b + r) n: the same runs, to the rounding.
+    host = HostCosts(per_call=0.0007, per_row=0.0003)
+    shifted = {m: (a + host.per_call, b + host.per_row) for m, (a, b) in COSTS.items()}
+    with_host = Replay(trace, profile(), price_prompt=True, host=host)
+    folded = Replay(trace, profile(shifted), price_prompt=True)
+    choice = ChainChoice(names, ks)
+    a, b = simulated(with_host, with_host.chain(choice)), simulated(folded, folded.chain(choice))
+    assert [s for s, _ in a] == pytest.approx([s for s, _ in b], rel=1e-12)
+    assert min(s for s, _ in a) > 0
+
+
+def test_a_batched_call_pays_the_host_once_per_sequence_and_once_per_row(trace):
+    host = HostCosts(per_call=0.0007, per_row=0.0003)
+    replay = Replay(trace, profile(), price_prompt=True, host=host)
+    target = replay.target
+    (p0, _), (p1, _) = replay.play_all()[:2]
+    a, b = target.new_sequence(), target.new_sequence()
+    before = target.simulated_seconds
+    target.decode_batch([(a, p0, 0, 1), (b, p1[:10], 0, 1)])
+    n = len(p0) + 10
+    assert target.simulated_seconds - before == pytest.approx(profile().seconds("target", n / 2, 2) + 2 * 0.0007
+                                                              + 0.0003 * n, rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", [-1e-3, 1.0, True, "1"])
+def test_host_costs_out_of_range_are_refused_clearly(bad):
+    with pytest.raises(InvalidParameterError, match="host per_row must be seconds in"):
+        HostCosts(per_row=bad)
+    parsed = HostCosts.parse_ms("0.075,0.015")
+    assert (parsed.per_call, parsed.per_row) == pytest.approx((0.075e-3, 0.015e-3), rel=1e-15)
+    for text in ("0.075", "a,b", "1,2,3"):
+        with pytest.raises(InvalidParameterError, match="host costs must be 'CALL_MS,ROW_MS'"):
+            HostCosts.parse_ms(text)
