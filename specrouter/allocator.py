@@ -25,7 +25,7 @@ import ctypes.util
 #: mallopt's parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-#: Blocks up to this size come from the heap (glibc before 2.35 accepts at most this on 64-bit).
+#: Blocks up to this size come from the heap (HEAP_MAX_SIZE / 2: the most some glibc versions accept on 64-bit).
 MMAP_THRESHOLD = 32 << 20
 #: Freed heap up to this size stays mapped.
 TRIM_THRESHOLD = 1 << 30
