@@ -159,8 +159,8 @@ MUTANTS = [
     Mutant("batch-logits-swapped", "a batched call hands each sequence another sequence's logits",
            (Edit("specrouter/engine/batch.py", "in zip(group, outputs):", "in zip(group, outputs[::-1]):"),)),
     Mutant("top-p-one-short", "top-p keeps one token fewer than the smallest set reaching top_p",
-           (Edit("specrouter/cascade/sampling.py", "cut = int(np.searchsorted(cumulative, top_p - 1e-12)) + 1",
-                 "cut = max(1, int(np.searchsorted(cumulative, top_p - 1e-12)))"),)),
+           (Edit("specrouter/cascade/sampling.py", "cut = int(cumulative.searchsorted(top_p - 1e-12)) + 1",
+                 "cut = max(1, int(cumulative.searchsorted(top_p - 1e-12)))"),)),
 ]
 
 
