@@ -196,9 +196,9 @@ def main() -> None:
                     help="batch sizes predicted on the roofline profiles ('' for none)")
     ap.add_argument("--phases", choices=list(PHASES), default="in-phase",
                     help="which models a step of the batch scheduler calls (engine/phase.py)")
-    ap.add_argument("--host-ms", type=HostCosts.parse_ms, default=NO_HOST, metavar="CALL,ROW",
-                    help="price the engine's own work: ms per sequence in a call, ms per row (docs/host-work.md; "
-                         "default: not priced)")
+    ap.add_argument("--host-ms", type=HostCosts.parse_ms, default=NO_HOST, metavar="CALL,ROW[,CHOICE]",
+                    help="price the engine's own work: ms per sequence in a call, ms per row (docs/host-work.md), "
+                         "and ms per router choice (benchmarks/router_work.py); default: not priced")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", help="name of the result files (default: simulation-<date>)")
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")

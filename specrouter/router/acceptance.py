@@ -72,7 +72,7 @@ import json
 import math
 import os
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -258,7 +258,10 @@ class AcceptanceEstimator:
     def rate(self, proposer: str, verifier: str, names: Sequence[str] = ()) -> float:
         """Per-request estimate shrunk toward the global one (or the prior)."""
         g = self.global_.get((self.mode, proposer, verifier))
-        base = g.mean if g and g.count else self.prior(proposer, verifier, names)
+        return self._shrunk(proposer, verifier, g.mean if g and g.count else self.prior(proposer, verifier, names))
+
+    def _shrunk(self, proposer: str, verifier: str, base: float) -> float:
+        """The per-request estimate shrunk toward `base` (rate's global mean or prior)."""
         r = self.request.get((proposer, verifier))
         n = r.weight_at(self.position) if r is not None else 0.0
         if not n:
@@ -270,21 +273,23 @@ class AcceptanceEstimator:
         """rate() less z times its noise (see the module docstring), with the global mean
         weighed against the prior by PRIOR_WEIGHT scores (two lucky scores are no
         evidence); 0 with no global data (a prior is a guess, not a measurement)."""
-        shifted = self._shifted(proposer, verifier, names, -z)
+        shifted = self._shifted(proposer, verifier, self.prior(proposer, verifier, names), -z)
         return 0.0 if shifted is None else shifted
 
     def bold(self, proposer: str, verifier: str, names: Sequence[str] = (), z: float = 1.0) -> float:
         """rate() plus z times its noise: the mirror of cautious(), what the scheduler's guard
         needs before it leaves a chain (it must lose even at this rate); rate() with no data."""
-        shifted = self._shifted(proposer, verifier, names, z)
+        shifted = self._shifted(proposer, verifier, self.prior(proposer, verifier, names), z)
         return self.rate(proposer, verifier, names) if shifted is None else shifted
 
-    def _shifted(self, proposer: str, verifier: str, names: Sequence[str], z: float) -> float | None:
+    def _shifted(self, proposer: str, verifier: str, prior: float, z: float) -> float | None:
+        """rate() moved by z standard errors, its global mean weighed against `prior` (the
+        pair's prior()); None without global data."""
         g = self.global_.get((self.mode, proposer, verifier))
         if g is None or not g.count:
             return None
         n_global = min(g.count, _effective_count(ALPHA_GLOBAL)) + PRIOR_WEIGHT
-        base = (g.mean * (n_global - PRIOR_WEIGHT) + self.prior(proposer, verifier, names) * PRIOR_WEIGHT) / n_global
+        base = (g.mean * (n_global - PRIOR_WEIGHT) + prior * PRIOR_WEIGHT) / n_global
         r = self.request.get((proposer, verifier))
         n = r.weight_at(self.position) if r is not None else 0.0
         w = n / (n + self.shrink)
@@ -314,10 +319,43 @@ class AcceptanceEstimator:
 
     def prior(self, proposer: str, verifier: str, names: Sequence[str] = ()) -> float:
         """Triangle bound through any observed middle model, else DEFAULT_PRIOR."""
-        bounds = [self.rate(proposer, m) + self.rate(m, verifier) - 1.0
-                  for m in names
-                  if m not in (proposer, verifier) and self.observed(proposer, m) and self.observed(m, verifier)]
+        middles = [m for m in names
+                   if m not in (proposer, verifier) and self.observed(proposer, m) and self.observed(m, verifier)]
+        return self._prior_through(proposer, verifier, middles, self.rate)
+
+    def _prior_through(self, proposer: str, verifier: str, middles: Sequence[str],
+                       rate: Callable[[str, str], float]) -> float:
+        """The prior given the middle models both of whose pairs are observed, and the pairs'
+        rate() without names."""
+        bounds = [rate(proposer, m) + rate(m, verifier) - 1.0 for m in middles]
         return max(0.0, max(bounds)) if bounds else self.default
+
+    def table(self, pairs: Iterable[tuple[str, str]], names: Sequence[str], z: float) -> EstimateTable:
+        """rate(), cautious(), bold() (all with `names`, at z) and count() of every pair of
+        `names`, as those calls give them one at a time, in one pass: each pair's prior is
+        computed once, and the counts and rates of the middle pairs the priors read once for
+        all (a router measures every pair before every cycle; one at a time, the priors'
+        loops over the names were most of its work)."""
+        counts = {(a, b): self.count(a, b) for a in names for b in names if a != b}
+        plain: dict[tuple[str, str], float] = {}
+
+        def rate(j: str, i: str) -> float:  # rate(j, i) without names: its prior is the default
+            r = plain.get((j, i))
+            if r is None:
+                r = plain[(j, i)] = self.rate(j, i)
+            return r
+
+        out = EstimateTable({}, {}, {}, {})
+        for j, i in pairs:
+            middles = [m for m in names if m not in (j, i) and counts[(j, m)] > 0 and counts[(m, i)] > 0]
+            prior = self._prior_through(j, i, middles, rate)
+            g = self.global_.get((self.mode, j, i))
+            rate_ji = out.rate[(j, i)] = self._shrunk(j, i, g.mean if g and g.count else prior)
+            low, high = self._shifted(j, i, prior, -z), self._shifted(j, i, prior, z)
+            out.cautious[(j, i)] = 0.0 if low is None else low
+            out.bold[(j, i)] = rate_ji if high is None else high
+            out.count[(j, i)] = counts[(j, i)]
+        return out
 
     def fill(self, proposer: str, verifier: str) -> float:
         f = self.fill_.get((proposer, verifier))
@@ -357,6 +395,16 @@ class AcceptanceEstimator:
                        for key, (mean, count) in data["estimates"].items()])
         except (OSError, ValueError, TypeError, AttributeError, KeyError):
             pass  # absent or damaged: start from the priors
+
+
+@dataclass(frozen=True)
+class EstimateTable:
+    """Per pair (proposer, verifier): what AcceptanceEstimator.table measured."""
+
+    rate: dict[tuple[str, str], float]
+    cautious: dict[tuple[str, str], float]
+    bold: dict[tuple[str, str], float]
+    count: dict[tuple[str, str], float]
 
 
 @dataclass(frozen=True)

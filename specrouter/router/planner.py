@@ -143,18 +143,17 @@ class Planner:
     def _measure(self, room: int, batch: int, row_kind: str) -> PlanInputs:
         # Chains run in size order, so a proposer is always smaller than its verifier.
         pairs = [*itertools.combinations(self.models, 2), *((k, m) for k in self.ngram_keys for m in self.models)]
-        names, acc = self.estimate_names(), self.acceptance
-        rates = {(j, i): acc.rate(j, i, names) for j, i in pairs}
-        cautious = {(j, i): acc.cautious(j, i, names, CAUTION_Z) for j, i in pairs}
-        bold = {(j, i): acc.bold(j, i, names, CAUTION_Z) for j, i in pairs}
+        acc = self.acceptance
+        table = acc.table(pairs, self.estimate_names(), CAUTION_Z)
+        rates = table.rate
         optimistic, stale = {}, set()
         for j, i in pairs:
-            bonus = rates[(j, i)] + EXPLORE_BONUS / math.sqrt(acc.count(j, i) + 1)
+            bonus = rates[(j, i)] + EXPLORE_BONUS / math.sqrt(table.count[(j, i)] + 1)
             low = acc.stale_low(j, i)
             if low is not None:
                 stale.add((j, i))
             optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
-        return PlanInputs(rates, optimistic, cautious, bold, stale, {(j, i): acc.fill(j, i) for j, i in pairs},
+        return PlanInputs(rates, optimistic, table.cautious, table.bold, stale, {(j, i): acc.fill(j, i) for j, i in pairs},
                           self.costs.snapshot(), self.costs.row_seconds(row_kind), min(room, self.longest + 1), batch)
 
     def _move(self, old: PlanInputs | None, new: PlanInputs) -> tuple[float, dict[str, float]]:

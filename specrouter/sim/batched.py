@@ -77,7 +77,8 @@ def serve(replay: Replay, plan: Callable[[], Chain | ChainRouter], batch: int, c
     requests = replay.trace.requests
     copies = copies or copies_for(batch, len(requests))
     played = replay.play_all()
-    scheduler = BatchScheduler(lambda _: plan(), max_batch=batch, clock=replay.clock, prefill_share=None, phases=phases)
+    scheduler = BatchScheduler(lambda _: replay.priced(plan()), max_batch=batch, clock=replay.clock,
+                               prefill_share=None, phases=phases)
     expected = {}
     for c in range(copies):
         for i, (prompt, answer) in enumerate(played):

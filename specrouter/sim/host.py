@@ -14,13 +14,22 @@ overcharge where a drafter catches up, which only makes drafting look dearer.
 
 Fitted from benchmarks/host_work.py (models that cost nothing): greedy target alone =
 per_call + per_row; a model draft of k plus its verification = (k + 1) calls and 2k + 1
-rows. The router's choice per cycle is not in it (those chains are fixed).
+rows. Those chains are fixed: the router's choice before every cycle of a routed sequence
+is priced apart, per_choice a choice (benchmarks/router_work.py measures it), by
+PricedChoices: the clock advances before the choice returns, so, as for real, the time is
+in no forward's timing and no cycle's (the router does not learn it as a model's cost) but
+in the request's, and a batch's sequences choose one after another.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from specrouter.backends.base import Backend
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine.request import ChainRouter
 from specrouter.errors import InvalidParameterError
 
 
@@ -28,9 +37,10 @@ from specrouter.errors import InvalidParameterError
 class HostCosts:
     per_call: float = 0.0  # seconds per sequence in a call
     per_row: float = 0.0  # seconds per row (token) of a call
+    per_choice: float = 0.0  # seconds per cycle of a routed sequence (the router's choice)
 
     def __post_init__(self) -> None:
-        for name in ("per_call", "per_row"):
+        for name in ("per_call", "per_row", "per_choice"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
                 raise InvalidParameterError(f"host {name} must be seconds in [0, 1), got {value!r}")
@@ -40,17 +50,78 @@ class HostCosts:
 
     @classmethod
     def parse_ms(cls, text: str) -> HostCosts:
-        """'CALL,ROW' in milliseconds (e.g. '0.075,0.015')."""
+        """'CALL,ROW' or 'CALL,ROW,CHOICE' in milliseconds (e.g. '0.075,0.015,1.2')."""
         parts = text.split(",")
         try:
-            call, row = (float(p) / 1e3 for p in parts)
+            if len(parts) not in (2, 3):
+                raise ValueError
+            values = [float(p) / 1e3 for p in parts]
         except ValueError:
-            raise InvalidParameterError(f"host costs must be 'CALL_MS,ROW_MS', got {text!r}") from None
-        return cls(call, row)
+            raise InvalidParameterError(f"host costs must be 'CALL_MS,ROW_MS' or 'CALL_MS,ROW_MS,CHOICE_MS', "
+                                        f"got {text!r}") from None
+        return cls(*values)
 
     def label(self) -> str:
-        return "not priced" if self == NO_HOST else f"{self.per_call * 1e3:g} ms per call + {self.per_row * 1e3:g} ms per row"
+        if self == NO_HOST:
+            return "not priced"
+        text = f"{self.per_call * 1e3:g} ms per call + {self.per_row * 1e3:g} ms per row"
+        return text + (f" + {self.per_choice * 1e3:g} ms per router choice" if self.per_choice else "")
 
 
 #: The default: the engine's own work is free (the device profile alone).
 NO_HOST = HostCosts()
+
+
+class PricedChoices:
+    """A router whose every choice first advances a simulated clock by `seconds` (`charge`
+    does it): the host time of the router's choice (see the module docstring). Everything
+    else is the router's own."""
+
+    def __init__(self, router: ChainRouter, seconds: float, charge: Callable[[float], None]) -> None:
+        self.router, self.seconds, self.charge = router, seconds, charge
+
+    @property
+    def target(self) -> Backend:
+        return self.router.target
+
+    @property
+    def models(self) -> Sequence[Backend]:
+        return self.router.models
+
+    @property
+    def decisions(self) -> list:
+        return self.router.decisions
+
+    @property
+    def batch_size(self) -> int:
+        return self.router.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int) -> None:
+        self.router.batch_size = value
+
+    def start(self, params: SamplingParams, prompt_tokens: int, max_tokens: int) -> None:
+        self.router.start(params, prompt_tokens, max_tokens)
+
+    def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int],
+               forced: Sequence[int] = ()) -> Chain:
+        self.charge(self.seconds)
+        return self.router.choose(position, room, cached, context, forced)
+
+    def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False, batch: int = 1) -> None:
+        self.router.on_forward(level, n_tokens, seconds, shared, batch)
+
+    def on_rows(self, level: str, rows: int, seconds: float) -> None:
+        self.router.on_rows(level, rows, seconds)
+
+    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match_class=None) -> None:
+        self.router.on_verify(proposer, verifier, proposals, q, p, n_accepted, requested, match_class)
+
+    def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
+        self.router.end_cycle(new_tokens, seconds)
+
+    def finish(self) -> None:
+        self.router.finish()
+
+    def exclude(self, name: str) -> None:
+        self.router.exclude(name)

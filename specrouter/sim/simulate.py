@@ -12,10 +12,10 @@ run with those latencies). The prompt is not priced unless asked (`price_prompt`
 decode is what a method changes; a draft's catch-up on the prompt is unpriced likewise
 (the router still weighs that catch-up from the profile when it decides, as it does for real).
 
-Not simulated: the host work per cycle (0.6-0.7 ms for the router's choice on the EPYC
-runs of docs/copy-drafting.md; the cascade's own, ~0.1 ms per greedy token, measured in
-docs/host-work.md: `host` prices it per call and row, sim/host.py; off by default), sampling (greedy only), batches (here one request at a
-time; batched.py serves them B at a time through the batch scheduler),
+Not simulated unless asked: the host work (the cascade's own, ~0.1 ms per greedy token,
+docs/host-work.md, and the router's choice per cycle, benchmarks/router_work.py: `host`
+prices both, sim/host.py; off by default). Not simulated: sampling (greedy only), batches
+(here one request at a time; batched.py serves them B at a time through the batch scheduler),
 and the off-path behaviour of intermediate verifiers (backends/replay.py). A model-free
 lookup costs what the profile's lookup_seconds says, not charged to the clock.
 
@@ -35,13 +35,13 @@ from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import generate
-from specrouter.engine.request import GenerationResult
+from specrouter.engine.request import ChainRouter, GenerationResult
 from specrouter.errors import SpecRouterError
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.build import build_router
 from specrouter.router.costs import CostProfile, OnlineCosts
 from specrouter.router.scheduler import Router
-from specrouter.sim.host import NO_HOST, HostCosts
+from specrouter.sim.host import NO_HOST, HostCosts, PricedChoices
 from specrouter.sim.trace import Trace
 
 ALONE = "target alone"
@@ -92,6 +92,9 @@ class Replay:
         tracks = {d: [r.tracks[d] for r in trace.requests] for d in trace.drafts}
         vocabulary = Vocabulary.of(scripts, tracks.values(), trace.eos_ids)
 
+        self.host = host
+        self.choices_seconds = 0.0  # the routers' choices so far (host.per_choice each), on the clock
+
         def backend(name: str) -> ReplayBackend:
             return ReplayBackend(name, scripts, latency=lambda n: profile.seconds(name, n) + host.seconds(1, n),
                                  params_b=trace.params_b[name], tracks=tracks.get(name), vocabulary=vocabulary,
@@ -103,7 +106,17 @@ class Replay:
         self.models = [*self.drafts, self.target]
 
     def clock(self) -> float:
-        return sum(m.simulated_seconds for m in self.models)
+        return sum(m.simulated_seconds for m in self.models) + self.choices_seconds
+
+    def priced(self, method: Chain | ChainRouter) -> Chain | ChainRouter:
+        """`method` as it runs in the replay: a router's choices priced at host.per_choice
+        (sim/host.py), a fixed chain as it is (it chooses nothing)."""
+        if isinstance(method, Chain) or not self.host.per_choice:
+            return method
+        return PricedChoices(method, self.host.per_choice, self._charge)
+
+    def _charge(self, seconds: float) -> None:
+        self.choices_seconds += seconds
 
     def play(self, index: int | None) -> tuple[list[int], list[int]]:
         for m in self.drafts:
@@ -128,6 +141,7 @@ class Replay:
     def run(self, method: Chain | Router) -> list[Run]:
         """`method` over every request in order (SimulationError where its text is not the recorded one)."""
         runs = []
+        method = self.priced(method)
         for i, request in enumerate(self.trace.requests):
             prompt, answer = self.play(i)
             start = self.clock()

@@ -189,6 +189,38 @@ def test_the_cautious_rate_is_the_estimate_less_its_noise():
     assert AcceptanceEstimator().bold("d", "t") == AcceptanceEstimator().rate("d", "t")  # no data: the rate
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_estimate_table_equals_the_estimates_one_at_a_time(seed):
+    """table() is what rate(), cautious(), bold() and count() give pair by pair, to the last
+    bit, whatever is observed: global data or not, per-request data (some aged), triangle
+    priors through observed middles (or none), greedy or sampled, seeded estimates."""
+    rng = np.random.default_rng(seed)
+    names = ["ngram:a", "ngram:b", "s", "m", "t"]
+    est = AcceptanceEstimator(default=0.3 + 0.1 * seed, shrink=8)
+    est.start_request(greedy=bool(seed % 2))
+    # s -> t is never observed and s -> m, m -> t always are: its prior is a triangle bound.
+    observed = [("s", "m"), ("m", "t"), *((j, i) for j in names for i in names
+                                          if j != i and (j, i) not in {("s", "m"), ("m", "t"), ("s", "t")}
+                                          and rng.random() < 0.5)]
+    for j, i in observed[: len(observed) // 2]:
+        est.set_global(j, i, float(rng.random()), count=float(rng.integers(1, 300)))
+    for step in range(40):
+        j, i = observed[rng.integers(len(observed))]
+        est.observe_scores(j, i, list(rng.random(int(rng.integers(1, 6))) < rng.random()))
+        est.advance(int(rng.integers(0, 40)))  # some pairs sit out long enough to age
+        if step == 20:
+            est.start_request(greedy=bool(seed % 2))  # a second request: per-request data anew
+    pairs = [("s", "m"), ("s", "t"), ("m", "t"), *((k, m) for k in names[:2] for m in names[2:])]
+    for z in (0.5, 1.0):
+        table = est.table(pairs, names, z)
+        assert table.rate == {(j, i): est.rate(j, i, names) for j, i in pairs}
+        assert table.cautious == {(j, i): est.cautious(j, i, names, z) for j, i in pairs}
+        assert table.bold == {(j, i): est.bold(j, i, names, z) for j, i in pairs}
+        assert table.count == {(j, i): est.count(j, i) for j, i in pairs}
+    assert est.count("s", "t") == 0 and est.prior("s", "t", names) != est.default
+    assert table.rate[("s", "t")] == est.prior("s", "t", names)
+
+
 def test_a_detected_change_restarts_the_request_estimate_at_its_window_weight():
     est = AcceptanceEstimator()
     est.start_request(greedy=True)

@@ -11,6 +11,7 @@ from specrouter.errors import InvalidParameterError
 from specrouter.router import AcceptanceEstimator, OnlineCosts
 from specrouter.router.build import build_router
 from specrouter.sim.batched import BatchRun, copies_for, predict_batches, serve
+from specrouter.sim.host import HostCosts
 from specrouter.sim.roofline import Device, roofline_profile
 from specrouter.sim.simulate import ALONE, AUTO, ChainChoice, Replay, SimulationError
 from specrouter.sim.trace import record
@@ -78,6 +79,22 @@ def test_the_router_in_a_simulated_batch_costs_what_the_real_batch_cost(eos):
     assert 0 < real.drafted_cycles < real.cycles  # it drafted, and not in every cycle
     assert (sim.tokens, sim.cycles, sim.drafted_cycles) == (real.tokens, real.cycles, real.drafted_cycles)
     assert sim.seconds == pytest.approx(real.seconds, rel=1e-12)
+
+
+def test_in_a_simulated_batch_every_sequence_pays_its_routers_choices_one_after_another():
+    # The batch's sequences choose one after another on the host: a step of B routed sequences
+    # pays B choices, outside every forward (the same choices, the same cycles).
+    p = profile(CHEAP)
+    target, draft = models(p)
+    trace = record(target, [draft], prompts(6), max_tokens=40, branch_tokens=32)
+    free, priced = Replay(trace, p, price_prompt=True), Replay(trace, p, price_prompt=True,
+                                                               host=HostCosts(per_choice=0.002))
+    a, b = serve(free, free.router("suffix").session, 4), serve(priced, priced.router("suffix").session, 4)
+    assert (a.tokens, a.cycles, a.drafted_cycles) == (b.tokens, b.cycles, b.drafted_cycles)
+    assert b.seconds == pytest.approx(a.seconds + 0.002 * a.cycles, rel=1e-12)
+    alone = ChainChoice((trace.target,), ())
+    assert serve(priced, lambda: priced.chain(alone), 4).seconds == pytest.approx(
+        serve(free, lambda: free.chain(alone), 4).seconds, rel=1e-12)
 
 
 def test_without_price_prompt_a_batch_does_not_pay_its_prompts():

@@ -277,8 +277,29 @@ def test_a_batched_call_pays_the_host_once_per_sequence_and_once_per_row(trace):
 def test_host_costs_out_of_range_are_refused_clearly(bad):
     with pytest.raises(InvalidParameterError, match="host per_row must be seconds in"):
         HostCosts(per_row=bad)
+    with pytest.raises(InvalidParameterError, match="host per_choice must be seconds in"):
+        HostCosts(per_choice=bad)
     parsed = HostCosts.parse_ms("0.075,0.015")
-    assert (parsed.per_call, parsed.per_row) == pytest.approx((0.075e-3, 0.015e-3), rel=1e-15)
-    for text in ("0.075", "a,b", "1,2,3"):
-        with pytest.raises(InvalidParameterError, match="host costs must be 'CALL_MS,ROW_MS'"):
+    assert (parsed.per_call, parsed.per_row, parsed.per_choice) == pytest.approx((0.075e-3, 0.015e-3, 0), rel=1e-15)
+    assert HostCosts.parse_ms("0.075,0.015,1.2").per_choice == pytest.approx(1.2e-3, rel=1e-15)
+    assert HostCosts.parse_ms("0.075,0.015,1.2").label() == "0.075 ms per call + 0.015 ms per row + 1.2 ms per router choice"
+    for text in ("0.075", "a,b", "1,2,3,4", "1,2,x"):
+        with pytest.raises(InvalidParameterError, match="host costs must be 'CALL_MS,ROW_MS' or 'CALL_MS,ROW_MS,CHOICE_MS'"):
             HostCosts.parse_ms(text)
+
+
+def test_a_routers_choices_are_priced_outside_its_forwards_and_cycles(trace):
+    # Each choice advances the clock before the router chooses: the router learns nothing of
+    # it (the same choices, cycle by cycle), and every request takes per_choice longer per
+    # cycle. A fixed chain chooses nothing and pays nothing.
+    choice = 0.004
+    free = Replay(trace, profile(), price_prompt=True)
+    priced = Replay(trace, profile(), price_prompt=True, host=HostCosts(per_choice=choice))
+    a, b = free.run(free.router("suffix")), priced.run(priced.router("suffix"))
+    assert [(r.id, r.cycles, r.drafted_cycles) for r in a] == [(r.id, r.cycles, r.drafted_cycles) for r in b]
+    assert 0 < sum(r.drafted_cycles for r in a) < sum(r.cycles for r in a)  # it routed: drafted, not always
+    assert [r.seconds for r in b] == pytest.approx([r.seconds + choice * r.cycles for r in a], rel=1e-12)
+    assert priced.choices_seconds == pytest.approx(choice * sum(r.cycles for r in a), rel=1e-12)
+    fixed = ChainChoice(("suffix", "draft", "target"), (2, 6))
+    assert [r.seconds for r in priced.run(priced.chain(fixed))] == pytest.approx(
+        [r.seconds for r in free.run(free.chain(fixed))], rel=1e-12)  # (the clock's offset rounds the last bit)
