@@ -279,8 +279,10 @@ class AcceptanceEstimator:
     def bold(self, proposer: str, verifier: str, names: Sequence[str] = (), z: float = 1.0) -> float:
         """rate() plus z times its noise: the mirror of cautious(), what the scheduler's guard
         needs before it leaves a chain (it must lose even at this rate); rate() with no data."""
-        shifted = self._shifted(proposer, verifier, self.prior(proposer, verifier, names), z)
-        return self.rate(proposer, verifier, names) if shifted is None else shifted
+        prior = self.prior(proposer, verifier, names)
+        shifted = self._shifted(proposer, verifier, prior, z)
+        # No global data: rate() is the request's estimate shrunk toward this same prior.
+        return self._shrunk(proposer, verifier, prior) if shifted is None else shifted
 
     def _shifted(self, proposer: str, verifier: str, prior: float, z: float) -> float | None:
         """rate() moved by z standard errors, its global mean weighed against `prior` (the
