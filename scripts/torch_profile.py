@@ -1,11 +1,25 @@
-"""Forward cost of torch models for k = 1..K new tokens on a cached prefix, as JSON.
+"""Forward cost of torch models, as JSON in the router's cost-profile format.
 
-Randomly initialised models with the published shapes of Llama-3.2-1B and Llama-3.1-8B
-(no weights are needed: cost depends on shapes, not values), or a real model folder.
-Each forward is timed the way the cascade uses it, through TorchBackend.decode: k new
-tokens after a cached prefix, logits for all k, then the k positions are removed again.
-The output's "models" part is the router's CostProfile format ({model: {k: seconds}},
-specrouter.router.costs.CostProfile.from_dict reads it); "device" says what ran it.
+Randomly initialised models with the published shapes of Qwen2.5(-Coder) 0.5B and 1.5B
+(the default pool's models), Llama-3.2-1B and Llama-3.1-8B (no weights are needed: cost
+depends on shapes, not values), or a real model folder. Three tables per model:
+
+- "models" (CostProfile.tables): one sequence, n new tokens after a cached prefix, timed
+  the way the cascade uses a forward, through TorchBackend.decode: logits for all n copied
+  to host numpy (the last n_batch = 512 of them above that: the backend feeds the rest
+  in forwards of its own first, as in use), then the n positions removed again. n runs over every size a cycle feeds
+  (1..32 and each block's bonus row) and the sizes of a batch's tokens together (up to
+  2,048), which is what the simulator prices a batched forward at when no batched table
+  is given (specrouter/sim/batched.py).
+- "batched" (CostProfile.batch_tables, {model: {B: {k: seconds}}}): B sequences, each with
+  its own cached prefix, k new tokens each, in one TorchBackend.decode_batch (its cache
+  gather and write-back included).
+- "device_seconds" ({model: {n: seconds}}, not read by the router): the same forward as
+  "models" on the model itself, logits left on the device, timed to a device synchronize.
+  The difference from "models" is what the host copy of the logits costs, that is what a
+  device-resident cascade (cascade work on the logits' device) would save per forward.
+
+Medians of `repeats` timed calls after one warm-up call per size. "device" says what ran it.
 
     python scripts/torch_profile.py --device cuda --out profile.json          # the GPU check
     python scripts/torch_profile.py --device cpu --tiny --out /tmp/p.json      # a CPU smoke test
@@ -28,26 +42,44 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, installed or not
 
-#: Published configurations (config.json of meta-llama/Llama-3.2-1B and Llama-3.1-8B).
+#: Published configurations (config.json of Qwen/Qwen2.5-Coder-0.5B and -1.5B, which share
+#: Qwen2.5-0.5B's and -1.5B's; meta-llama/Llama-3.2-1B and Llama-3.1-8B), by architecture.
 SHAPES = {
-    "llama-3.2-1b": dict(
+    "qwen2.5-coder-0.5b": ("qwen2", dict(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )),
+    "qwen2.5-coder-1.5b": ("qwen2", dict(
+        vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+        num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )),
+    "llama-3.2-1b": ("llama", dict(
         vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
         num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
         rms_norm_eps=1e-5, tie_word_embeddings=True,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    ),
-    "llama-3.1-8b": dict(
+    )),
+    "llama-3.1-8b": ("llama", dict(
         vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
         rms_norm_eps=1e-5, tie_word_embeddings=False,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    ),
+    )),
 }
 #: --tiny: same structure, sizes cut so a CPU runs the whole sweep in seconds.
 TINY = dict(vocab_size=4096, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+#: Tokens per forward of one sequence: every draft block (1..32) and its bonus row, then
+#: what a batch's sequences feed together (B sequences of k + 1 tokens).
+SIZES = (*range(1, 33), 33, 48, 49, 64, 65, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+BATCHES = (2, 4, 8, 16, 32)
+BATCH_KS = (1, 2, 4, 8, 17)
 
 
 class _Tokenizer:
@@ -77,7 +109,7 @@ def device_info(device: str) -> dict:
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
-        "host_cpu": platform.processor() or platform.machine(),
+        "host_cpu": host_cpu(),
         "cpu_threads": torch.get_num_threads(),
     }
     if device.startswith("cuda"):
@@ -89,22 +121,46 @@ def device_info(device: str) -> dict:
     return info
 
 
+def host_cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def random_model(name: str, tiny: bool, device: str, dtype):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(SHAPES[name])
+    family, shape = SHAPES[name]
+    shape = dict(shape)
     if tiny:
         shape.update(TINY)
-    config = LlamaConfig(**shape)
+    config_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[family]
+    config = config_cls(**shape)
     torch.manual_seed(0)
     with torch.device(device):  # allocate (and initialise) on the device itself: 16 GB for the 8B in bf16
-        model = LlamaForCausalLM._from_config(config, dtype=dtype)
+        model = model_cls._from_config(config, dtype=dtype)
     return model.eval()
 
 
-def profile_backend(model, ks, prefix: int, repeats: int, warmup: int = 1) -> dict[int, float]:
-    """Median seconds of decode(k tokens, logits for all k) after a cached prefix."""
+def _median_time(call, undo, repeats: int, warmup: int = 1) -> float:
+    times = []
+    for i in range(warmup + repeats):
+        start = time.perf_counter()
+        call()
+        elapsed = time.perf_counter() - start
+        undo()
+        if i >= warmup:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def profile_backend(model, sizes, prefix: int, repeats: int) -> dict[int, float]:
+    """Median seconds of decode(n tokens, logits for all n) after a cached prefix."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -113,20 +169,79 @@ def profile_backend(model, ks, prefix: int, repeats: int, warmup: int = 1) -> di
     try:
         model.decode(seq, rng.integers(0, n_tokens, prefix).tolist(), 0, 1)
         table = {}
-        for k in ks:
-            tokens = rng.integers(0, n_tokens, k).tolist()
-            times = []
-            for i in range(warmup + repeats):
-                start = time.perf_counter()
-                model.decode(seq, tokens, prefix, k)  # returns numpy: the device has finished
-                elapsed = time.perf_counter() - start
-                model.remove(seq, prefix)
-                if i >= warmup:
-                    times.append(elapsed)
-            table[k] = statistics.median(times)
+        for n in sizes:
+            tokens = rng.integers(0, n_tokens, n).tolist()
+            rows = min(n, model.n_batch)  # over n_batch tokens the backend feeds the rest first, as it does in use
+            # decode returns numpy: the device has finished
+            table[n] = _median_time(lambda: model.decode(seq, tokens, prefix, rows), lambda: model.remove(seq, prefix), repeats)
     finally:
         model.free_sequence(seq)
     return table
+
+
+def profile_batched(model, batches, ks, prefix: int, repeats: int) -> dict[int, dict[int, float]]:
+    """Median seconds of one decode_batch of B sequences (each its own cached prefix of
+    `prefix` tokens) with k new tokens each, logits for all of them."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    n_tokens = min(model.n_tokens, model.n_vocab)
+    seqs = [model.new_sequence() for _ in range(max(batches))]
+    try:
+        for seq in seqs:
+            model.decode(seq, rng.integers(0, n_tokens, prefix).tolist(), 0, 1)
+        table: dict[int, dict[int, float]] = {}
+        for b in batches:
+            table[b] = {}
+            for k in ks:
+                items = [(seq, rng.integers(0, n_tokens, k).tolist(), prefix, k) for seq in seqs[:b]]
+
+                def undo() -> None:
+                    for seq in seqs[:b]:
+                        model.remove(seq, prefix)
+
+                table[b][k] = _median_time(lambda: model.decode_batch(items), undo, repeats)
+    finally:
+        for seq in seqs:
+            model.free_sequence(seq)
+    return table
+
+
+def profile_device(hf_model, sizes, prefix: int, repeats: int, device: str) -> dict[int, float]:
+    """Median seconds of the model's own forward of n tokens after a cached prefix, logits
+    for all n left on the device, timed to a device synchronize (no host copy)."""
+    import torch
+    from transformers import DynamicCache
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    gen = torch.Generator().manual_seed(2)
+    vocab = hf_model.config.vocab_size
+    cache = DynamicCache(config=hf_model.config)
+    with torch.inference_mode():
+        ids = torch.randint(0, vocab, (1, prefix), generator=gen).to(device)
+        hf_model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        table = {}
+        for n in sizes:
+            ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
+            positions = torch.arange(prefix, prefix + n, device=device).unsqueeze(0)
+
+            def call() -> None:
+                hf_model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=n)
+                sync()
+
+            table[n] = _median_time(call, lambda: cache.crop(-n), repeats)  # transformers 5.x: tokens to drop
+    return table
+
+
+def save(result: dict, out: Path | None) -> None:
+    """Written after every table: a run cut short keeps what it measured."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -136,8 +251,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--models", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--folder", type=Path, help="profile this transformers model folder instead")
     ap.add_argument("--tiny", action="store_true", help="cut the shapes down (CPU smoke test)")
-    ap.add_argument("--kmax", type=int, default=32)
-    ap.add_argument("--ks", help="comma-separated k values (default 1..kmax)")
+    ap.add_argument("--ks", type=_ints, default=SIZES, help="comma-separated token counts of one sequence's forward")
+    ap.add_argument("--batches", type=_ints, default=BATCHES, help="batch sizes of the batched table ('' for none)")
+    ap.add_argument("--batch-ks", type=_ints, default=BATCH_KS, help="tokens per sequence in the batched table")
+    ap.add_argument("--no-device-table", action="store_true", help="skip the device-only forward table")
     ap.add_argument("--prefix", type=int, default=256, help="cached tokens before the timed ones")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (CPU device)")
@@ -150,41 +267,56 @@ def main(argv: list[str] | None = None) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    ks = [int(k) for k in args.ks.split(",")] if args.ks else list(range(1, args.kmax + 1))
-    result = {"device": device_info(args.device), "lookup_seconds": {"ngram": 2e-5}, "models": {}, "settings": {
-        "dtype": args.dtype, "prefix_tokens": args.prefix, "repeats": args.repeats, "tiny": args.tiny,
-        "what": "median seconds of one TorchBackend.decode of k tokens (logits for all k) after a cached prefix",
-    }, "load_seconds": {}}
+    result = {"device": device_info(args.device), "lookup_seconds": {"ngram": 2e-5}, "models": {}, "batched": {},
+              "device_seconds": {}, "load_seconds": {}, "settings": {
+                  "dtype": args.dtype, "prefix_tokens": args.prefix, "repeats": args.repeats, "tiny": args.tiny,
+                  "what": {"models": "median seconds of one TorchBackend.decode of n tokens (logits for all n, "
+                                     "copied to host) after a cached prefix",
+                           "batched": "median seconds of one TorchBackend.decode_batch of B sequences with k tokens "
+                                      "each, {B: {k: seconds}}",
+                           "device_seconds": "median seconds of the model's forward of n tokens, logits kept on the "
+                                             "device, to a synchronize"}}}
     if args.folder:
         jobs = [(args.folder.name, None)]
     else:
         jobs = [(name, name) for name in args.models.split(",")]
     for label, shape in jobs:
         start = time.perf_counter()
+        n_seq = max((*args.batches, 1))
         if shape is None:
-            backend = TorchBackend(args.folder, device=args.device, dtype=args.dtype, n_seq_max=1,
+            backend = TorchBackend(args.folder, device=args.device, dtype=args.dtype, n_seq_max=n_seq,
                                    n_threads=args.threads)
         else:
             if shape not in SHAPES:
                 ap.error(f"unknown model {shape!r}: use {', '.join(SHAPES)}")
-            dtype = getattr(torch, args.dtype)
-            model = random_model(shape, args.tiny, args.device, dtype)
+            model = random_model(shape, args.tiny, args.device, getattr(torch, args.dtype))
             backend = TorchBackend.from_model(model, _Tokenizer(model.config.vocab_size), name=label,
-                                              device=args.device, dtype=args.dtype, n_seq_max=1,
+                                              device=args.device, dtype=args.dtype, n_seq_max=n_seq,
                                               n_threads=args.threads)
         result["load_seconds"][label] = round(time.perf_counter() - start, 2)
-        table = profile_backend(backend, ks, args.prefix, args.repeats)
-        result["models"][label] = {str(k): round(s, 6) for k, s in table.items()}
-        print(f"{label}: params {backend.params_b:.2f}B; ms for k = "
-              + ", ".join(f"{k}: {s * 1000:.1f}" for k, s in table.items()), flush=True)
+        table = profile_backend(backend, args.ks, args.prefix, args.repeats)
+        result["models"][label] = {str(k): round(s, 7) for k, s in table.items()}
+        save(result, args.out)
+        shown = [k for k in (1, 2, 4, 8, 16, 32, 64, 256, 1024) if k in table]
+        print(f"{label}: params {backend.params_b:.2f}B; ms for n = "
+              + ", ".join(f"{k}: {table[k] * 1000:.2f}" for k in shown), flush=True)
+        if args.batches:
+            batched = profile_batched(backend, args.batches, args.batch_ks, args.prefix, args.repeats)
+            result["batched"][label] = {str(b): {str(k): round(s, 7) for k, s in t.items()} for b, t in batched.items()}
+            save(result, args.out)
+            print(f"{label}: batched ms (B x k) " + "; ".join(
+                f"{b}x{k}: {s * 1000:.2f}" for b, t in batched.items() for k, s in t.items()), flush=True)
+        if not args.no_device_table:
+            dev = profile_device(backend._model, args.ks, args.prefix, args.repeats, args.device)
+            result["device_seconds"][label] = {str(k): round(s, 7) for k, s in dev.items()}
+            save(result, args.out)
+            print(f"{label}: device-only ms for n = " + ", ".join(f"{k}: {dev[k] * 1000:.2f}" for k in shown), flush=True)
         backend.close()
         del backend
         model = None  # noqa: F841 - drop the last reference before the next model is built
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
         print(f"wrote {args.out}")
     return result
 

@@ -86,6 +86,15 @@ def check_dtype_runs(device: torch.device, dtype: torch.dtype) -> None:
         raise BackendError(f"device {device} cannot run dtype {shown}: {first}") from None
 
 
+def _to_host(logits: torch.Tensor) -> np.ndarray:
+    """Logits as float32 numpy on the host: copied in the model's dtype, widened there. The
+    same values as widening on the device first (bf16 and fp16 widen to fp32 exactly), half
+    the bytes across the bus for them: several times faster on a GPU host whose copies are
+    slow (scripts/gpu_diag.py copy; benchmarks/results/gpu-check-2026-12-04-h200.md). On a
+    CPU both are one and the same."""
+    return logits.cpu().float().numpy()
+
+
 class TorchBackend(ForwardBackend):
     """A transformers causal LM with one DynamicCache per sequence.
 
@@ -250,7 +259,7 @@ class TorchBackend(ForwardBackend):
                 raise BackendError(
                     f"{self.name}: out of GPU memory decoding {sum(lens)} tokens of {b} sequences"
                 ) from None
-            logits = out.logits.float().cpu().numpy()
+            logits = _to_host(out.logits)
             del out
             # Write back each row's real span (own past + own run, no padding) as the
             # sequence's cache, copied out so the padded tensors are freed layer by layer.
@@ -297,7 +306,7 @@ class TorchBackend(ForwardBackend):
             raise BackendError(f"{self.name}: out of GPU memory decoding {len(tokens)} tokens at {pos}") from None
         if n_logits == 0:
             return None
-        return out.logits[0, -n_logits:].float().cpu().numpy()
+        return _to_host(out.logits[0, -n_logits:])
 
     @staticmethod
     def _truncate(cache: Any, length: int) -> None:

@@ -359,3 +359,35 @@ def test_a_forward_that_fails_halfway_leaves_the_cache_as_it_was(monkeypatch):
     monkeypatch.undo()
     assert all(lay.get_seq_length() == 3 for lay in m._caches[seq].layers)
     np.testing.assert_allclose(m.decode(seq, [4, 5], 3, 1)[0], full_forward_logits(m, [1, 2, 3, 4, 5]).numpy(), atol=ATOL)
+
+
+def test_the_gpu_check_engine_script_runs_every_chain_and_splits_host_from_model_time(tmp_path):
+    """scripts/gpu_engine.py as the GPU check runs it, cut down to tiny models on the CPU:
+    every chain, greedy and sampled; greedy output equal to the target alone's (fp32 on a
+    CPU has no near-ties to split); the target alone makes one forward per token."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[3] / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_engine", scripts / "gpu_engine.py")
+        gpu_engine = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gpu_engine)
+        out = tmp_path / "engine.json"
+        gpu_engine.main(["--device", "cpu", "--dtype", "float32", "--tiny", "--tokens", "12", "--rounds", "1",
+                         "--out", str(out)])
+    finally:
+        sys.path.remove(str(scripts))
+    result = json.loads(out.read_text())
+    labels = [label for label, *_ in gpu_engine.METHODS]
+    assert list(result["summary"]) == ["greedy", "sampled T = 1"]
+    assert all(list(by) == labels for by in result["summary"].values())
+    greedy = result["summary"]["greedy"]
+    assert all(all(row["equals_alone"]) for row in greedy.values())
+    assert greedy["target alone"]["runs"] == 2 and greedy["target alone"]["median_tokens_per_cycle"] == 1.0
+    for run in result["runs"]["greedy"]["target alone"]:
+        assert run["tokens"] == run["cycles"] == 12 and run["forwards"] == {gpu_engine.TARGET: 12}
+        assert 0 < run["model_seconds"] < run["wall_seconds"] and run["host_seconds_per_cycle"] > 0
