@@ -4,7 +4,7 @@ would do (roofline: a simulation, labelled so).
 
     python -m benchmarks.simulation [--per-dataset 5] [--max-tokens 128] [--repeats 1] [--target NAME] [--stem NAME]
     python -m benchmarks.simulation --trace benchmarks/results/NAME-trace.json [--no-validate] [--batches 1,8,32]
-                                    [--phases in-phase|serve-all]
+                                    [--phases in-phase|serve-all] [--gpu-profile FILE ...] [--no-rooflines]
 
 1. Record (skipped with --trace): HumanEval (raw completion), GSM8K and MT-Bench (first
    turn, chat), the default q4 llama.cpp 1.5B target (or --target) with the q4 0.5B recorded beside it
@@ -14,8 +14,11 @@ would do (roofline: a simulation, labelled so).
    auto and the target alone again, for real; the simulation on the same measured profile.
 3. Predict: the target alone, the best two- and three-level fixed chains (chosen per dataset
    with hindsight) and auto, on this machine's profile (the validation's) and on roofline
-   H100 / H200 profiles with 5 ms and 0.5 ms per forward (fp16 weights), batch 1.
-4. Batches (roofline profiles only; specrouter.sim.batched): the same methods with B
+   H100 / H200 profiles with 5 ms and 0.5 ms per forward (fp16 weights), batch 1, and on
+   each --gpu-profile: a cost profile measured on a GPU by scripts/gpu_check.sh
+   (gpu_cost_profile.json; its batched table prices the batches), a simulation too: the
+   acceptance is the trace's, only the costs were measured there.
+4. Batches (roofline and GPU profiles only; specrouter.sim.batched): the same methods with B
    sequences served at once by the batch scheduler (--batches, default 1, 8, 32), the
    trace's requests repeated to fill the batch; throughput over the target alone's. The
    scheduler calls per step the model most sequences wait on (--phases in-phase, the
@@ -37,6 +40,7 @@ from benchmarks.machine import machine_info
 from specrouter.engine.phase import InPhase, ServeAll, StepModels
 from specrouter.pool import Pool
 from specrouter.router.costs import CostProfile
+from specrouter.router.profiler import read_profile
 from specrouter.sim.batched import BATCHES, predict_batches
 from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.roofline import device, roofline_profile
@@ -55,7 +59,8 @@ STEP_MODELS = {"in-phase": "the model most sequences wait on and any whose seque
 
 def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None, stem: str, out: Path,
         do_validate: bool, target_name: str = TARGET, batches: tuple[int, ...] = BATCHES,
-        phases_name: str = "in-phase", host: HostCosts = NO_HOST) -> dict:
+        phases_name: str = "in-phase", host: HostCosts = NO_HOST, gpu_profiles: tuple[Path, ...] = (),
+        rooflines: bool = True) -> dict:
     phases: dict[str, float] = {}
     started = time.perf_counter()
     pool = Pool(n_ctx=4096, n_seq_max=1)
@@ -81,14 +86,19 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
     profiles: dict[str, CostProfile] = {}
     if checked is not None:
         profiles["this machine (measured)"] = CostProfile.from_dict(checked.profile)
-    for name, overhead in ROOFLINES:
+    for name, overhead in ROOFLINES if rooflines else ():
         dev = device(name, overhead)
         profiles[f"{dev.name}, {overhead} ms per forward: SIMULATION"] = roofline_profile(dev, trace.params_b)
+    measured_on: dict[str, dict] = {}
+    for file in gpu_profiles:
+        label, profile, ran = gpu_profile(file, trace)
+        profiles[label] = profile
+        measured_on[label] = ran
     predictions = predict_all(trace, profiles, host)
     phases["predict"] = time.perf_counter() - mark
     mark = time.perf_counter()
     batched = {label: predict_batched(trace, profile, batches, PHASES[phases_name], host) for label, profile in profiles.items()
-               if label.endswith("SIMULATION")} if batches else {}
+               if "SIMULATION" in label} if batches else {}
     phases["batches"] = time.perf_counter() - mark
     return {
         "machine": machine_info(),
@@ -96,6 +106,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
                   "requests": len(trace.requests), "tokens": sum(len(r.answer) for r in trace.requests),
                   "max_tokens": trace.max_tokens, "branch_tokens": trace.branch_tokens, "note": trace.note},
         "phase_seconds": {k: round(v, 1) for k, v in phases.items()},
+        "gpu_profiles": measured_on,
         "step_models": phases_name,
         "host": host.label(),
         "validation": None if checked is None else {
@@ -104,6 +115,21 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
         "predictions": predictions,
         "batches": batched,
     }
+
+
+def gpu_profile(file: Path, trace: Trace) -> tuple[str, CostProfile, dict]:
+    """A measured profile (scripts/gpu_check.sh) as the simulator prices it: its label, the
+    profile fitted non-decreasing in n (CostProfile.nondecreasing: medians of 5 forwards bound
+    by kernel launches jitter by tens of percent, and a dip at n = 2..6 under n = 1 would
+    hand every chain a discount the device does not give), and what ran it. It must name
+    every model of the trace (the GPU check's models carry the default pool's names)."""
+    profile = read_profile(file).nondecreasing()
+    missing = [m for m in (trace.target, *trace.drafts) if m not in profile.tables]
+    if missing:
+        raise SystemExit(f"{file} has no costs for {', '.join(missing)} (it has {', '.join(profile.tables)})")
+    ran = json.loads(file.read_text()).get("device", {})
+    what = f"{ran.get('gpu', ran.get('device', 'a device'))}, torch {ran.get('torch', '?')}, measured {ran.get('date', '?')}"
+    return f"{what} ({file.name}, fitted non-decreasing): SIMULATION on measured costs", profile, {"file": file.name, **ran}
 
 
 def predict_all(trace: Trace, profiles: dict[str, CostProfile], host: HostCosts = NO_HOST) -> dict[str, dict]:
@@ -146,6 +172,11 @@ def markdown(result: dict) -> str:
              f"{t['note']}. Greedy, batch 1, prefill not priced. The engine's own work per call (docs/host-work.md): "
              f"{result.get('host', 'not priced')}. Speed-up: median per request of the target alone's "
              "(simulated or measured decode) time over the method's.", ""]
+    for label, ran in result.get("gpu_profiles", {}).items():
+        lines += [f"Measured GPU profile `{ran['file']}`: {ran.get('gpu', '?')} ({ran.get('cuda', '?')} CUDA), host "
+                  f"{ran.get('host_cpu', '?')}, torch {ran.get('torch', '?')}, transformers {ran.get('transformers', '?')}, "
+                  f"{ran.get('date', '?')}; randomly initialised models of the trace's shapes (costs depend on shapes, "
+                  "not weights); each table fitted non-decreasing in n (isotonic) before use.", ""]
     v = result["validation"]
     if v is not None:
         lines += [f"## Validation on this machine (auto, {v['repeats']} run(s) per request)", "",
@@ -199,6 +230,9 @@ def main() -> None:
     ap.add_argument("--host-ms", type=HostCosts.parse_ms, default=NO_HOST, metavar="CALL,ROW[,CHOICE]",
                     help="price the engine's own work: ms per sequence in a call, ms per row (docs/host-work.md), "
                          "and ms per router choice (benchmarks/router_work.py); default: not priced")
+    ap.add_argument("--gpu-profile", type=Path, action="append", default=[], metavar="FILE",
+                    help="also predict on this measured cost profile (scripts/gpu_check.sh's gpu_cost_profile.json)")
+    ap.add_argument("--no-rooflines", action="store_true", help="skip the roofline profiles")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--stem", help="name of the result files (default: simulation-<date>)")
     ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
@@ -208,7 +242,7 @@ def main() -> None:
     result = (json.loads(args.render.read_text()) if args.render is not None
               else run(args.per_dataset, args.max_tokens, args.repeats, args.trace, stem, args.out,
                        not args.no_validate, args.target, tuple(int(b) for b in args.batches.split(",") if b),
-                       args.phases, args.host_ms))
+                       args.phases, args.host_ms, tuple(args.gpu_profile), not args.no_rooflines))
     write_result(result, args.out, stem, markdown)
 
 

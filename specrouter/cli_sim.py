@@ -61,7 +61,8 @@ def read_prompts(file: Path, target) -> list[tuple[str, str, list[int]]]:
               help="With --record: how far a draft is recorded past a wrong token (a longer draft is replayed "
                    "approximately beyond it).")
 @click.option("--profile", "profile_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="Replay on this cost profile (`specrouter profile --json`, or the GPU check's).")
+              help="Replay on this cost profile (`specrouter profile --json`, or the GPU check's), each table "
+                   "fitted non-decreasing in n.")
 @click.option("--roofline", type=click.Choice(["h100", "h200"]),
               help="Replay on a roofline profile of this device (a simulation of a machine that is not here).")
 @click.option("--overhead-ms", type=float, help="With --roofline: fixed cost of one forward (default 5 ms).")
@@ -159,7 +160,9 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
     else:
         from specrouter.router.profiler import read_profile
 
-        profile, label = read_profile(profile_file), f"profile {profile_file}"
+        # Fitted non-decreasing in n (CostProfile.nondecreasing): a GPU's launch-bound medians
+        # jitter, and a dip below n = 1 would discount every chain.
+        profile, label = read_profile(profile_file).nondecreasing(), f"profile {profile_file} (fitted non-decreasing)"
     if batches is not None:
         show_batches(trace, profile, label, batches, lookup, json_file)
         return

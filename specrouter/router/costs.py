@@ -43,6 +43,23 @@ def interpolate(table: dict[int, float], n: float) -> float:
     return max(table[lo] + slope * (n - lo), 1e-9)
 
 
+def nondecreasing(table: dict[int, float]) -> dict[int, float]:
+    """The least-squares fit of a cost table that does not decrease with n (isotonic
+    regression, pool adjacent violators): a forward of more tokens never costs less, so
+    where a measured median dips below a smaller size's (timing noise: a GPU forward bound by
+    kernel launches jitters by tens of percent) both are replaced by their mean, pooled
+    until the whole table is non-decreasing. A table that already is comes back unchanged."""
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run of sizes, in order of n
+    for n in sorted(table):
+        blocks.append([table[n], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    values = [total / count for total, count in blocks for _ in range(count)]
+    return dict(zip(sorted(table), values))
+
+
 @dataclass
 class CostProfile:
     """Seconds per forward, model name -> {n tokens: seconds}; seconds per lookup of each
@@ -75,6 +92,13 @@ class CostProfile:
                 "models": {m: {str(n): s for n, s in sorted(t.items())} for m, t in self.tables.items()},
                 "batched": {m: {str(b): {str(n): s for n, s in sorted(t.items())} for b, t in sorted(bt.items())}
                             for m, bt in self.batch_tables.items()}}
+
+    def nondecreasing(self) -> CostProfile:
+        """A copy with every model's table, and every batched table over n, fitted
+        non-decreasing in n (`nondecreasing`); lookups as they are."""
+        return CostProfile({m: nondecreasing(t) for m, t in self.tables.items()}, dict(self.lookup_seconds),
+                           {m: {b: nondecreasing(t) for b, t in bt.items()} for m, bt in self.batch_tables.items()},
+                           set(self.looped))
 
     @classmethod
     def from_dict(cls, data: dict) -> CostProfile:

@@ -12,9 +12,12 @@ efficiency below peak. Labelled as simulation wherever it is used; a measured GP
 (scripts/gpu_check.sh) replaces it when one is committed.
 
 Device figures are the vendors' datasheet values (dense bf16/fp16 tensor throughput, HBM
-bandwidth); the overhead is a stated assumption, not a measurement: OVERHEAD_MS is about
-what an eager torch forward of a ~30-layer model costs in launches and Python on a modern
-GPU, CUDA-graph runtimes (llama.cpp, vLLM) get well under 1 ms.
+bandwidth); the overhead is a stated assumption, not a measurement: OVERHEAD_MS is the
+launch overhead of an eager forward of a ~30-layer model as usually quoted, CUDA-graph
+runtimes (llama.cpp, vLLM) get well under 1 ms. A transformers forward measured on an H200
+behind a virtualised 16-core host took ~20 ms of launches for 2-3 ms of GPU work
+(benchmarks/results/gpu-check-2026-12-04-h200.md): replay that measured profile
+(`specrouter simulate --profile`) rather than the roofline for the torch backend there.
 """
 
 from __future__ import annotations

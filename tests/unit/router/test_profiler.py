@@ -171,6 +171,23 @@ def test_given_costs_replace_measurement_for_the_models_they_name(tmp_path):
     assert other.decode_calls > 0 and profile.seconds("other", 1) == pytest.approx(0.012)  # measured as usual
 
 
+def test_a_cost_table_is_fitted_non_decreasing_by_pooling_the_dips():
+    """Pool adjacent violators: each dip below a smaller size's cost is averaged with it
+    until nothing decreases; the total is kept (a least-squares fit); a monotone table is
+    returned as it is."""
+    from specrouter.router.costs import nondecreasing
+
+    assert nondecreasing({1: 4.0, 2: 1.0, 3: 1.0, 4: 2.0, 8: 5.0, 16: 3.0}) == {1: 2.0, 2: 2.0, 3: 2.0, 4: 2.0, 8: 4.0, 16: 4.0}
+    assert nondecreasing({4: 2.0, 1: 1.0, 2: 1.0}) == {1: 1.0, 2: 1.0, 4: 2.0}
+    assert nondecreasing({1: 3.0}) == {1: 3.0}
+    profile = CostProfile({"a": {1: 0.03, 2: 0.02, 4: 0.05}}, {"ngram": 3e-5}, {"a": {8: {1: 0.2, 4: 0.1}}}, {"b"})
+    fitted = profile.nondecreasing()
+    assert fitted.tables == {"a": {1: 0.025, 2: 0.025, 4: 0.05}}
+    assert fitted.batch_tables == {"a": {8: {1: 0.15000000000000002, 4: 0.15000000000000002}}}
+    assert (fitted.lookup_seconds, fitted.looped) == (profile.lookup_seconds, profile.looped)
+    assert profile.tables == {"a": {1: 0.03, 2: 0.02, 4: 0.05}}  # the measured profile is left as it was
+
+
 def test_the_gpu_check_profile_script_writes_what_the_router_reads(tmp_path):
     """scripts/torch_profile.py as the GPU check runs it, cut down to a tiny model on the CPU."""
     pytest.importorskip("torch")

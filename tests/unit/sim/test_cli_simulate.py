@@ -42,6 +42,23 @@ def test_a_replay_on_a_profile_prints_and_writes_what_predict_computes(files):
     assert auto.split()[1:] == [f"{expected.speedup['auto'][g]:.3f}" for g in ("even", "odd", "all")]
 
 
+def test_a_profile_file_is_replayed_fitted_non_decreasing(files):
+    """A measured table whose n = 1 median sits above larger sizes' (a GPU's launch-bound
+    jitter) is pooled before the replay: the replay equals predict() on the fitted profile,
+    not on the dip that discounts every chain."""
+    data = json.loads((files / "profile.json").read_text())
+    sizes = sorted(data["models"]["target"], key=int)
+    data["models"]["target"][sizes[0]] = 3 * data["models"]["target"][sizes[2]]
+    (files / "dip.json").write_text(json.dumps(data))
+    result = invoke(files / "trace.json", "--profile", files / "dip.json", "--json", files / "dip-out.json")
+    assert result.exit_code == 0, result.output
+    assert "fitted non-decreasing" in result.output
+    trace, measured = Trace.load(files / "trace.json"), read_profile(files / "dip.json")
+    fitted = predict(trace, measured.nondecreasing())
+    assert json.loads((files / "dip-out.json").read_text())["speedup"] == fitted.speedup
+    assert fitted.speedup != predict(trace, measured).speedup
+
+
 def test_a_roofline_replay_is_labelled_a_simulation_and_uses_the_devices_costs(files):
     result = invoke(files / "trace.json", "--roofline", "h200", "--overhead-ms", "1", "--json", files / "r.json")
     assert result.exit_code == 0, result.output
