@@ -391,3 +391,27 @@ def test_the_gpu_check_engine_script_runs_every_chain_and_splits_host_from_model
     for run in result["runs"]["greedy"]["target alone"]:
         assert run["tokens"] == run["cycles"] == 12 and run["forwards"] == {gpu_engine.TARGET: 12}
         assert 0 < run["model_seconds"] < run["wall_seconds"] and run["host_seconds_per_cycle"] > 0
+
+
+def test_the_static_cache_diagnostic_times_every_size_and_writes_a_cost_profile(tmp_path):
+    """scripts/gpu_graphs.py on the CPU: the eager static-cache forward at every size, and a
+    file the router reads (no CUDA graphs without a GPU: its tables are empty, no errors)."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[3] / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location("gpu_graphs", scripts / "gpu_graphs.py")
+        gpu_graphs = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gpu_graphs)
+        out = tmp_path / "graphs.json"
+        gpu_graphs.main(["--device", "cpu", "--tiny", "--repeats", "1", "--batches", "2", "--out", str(out)])
+    finally:
+        sys.path.remove(str(scripts))
+    result = json.loads(out.read_text())
+    assert result["errors"] == {} and result["models"] == {} and result["batched"] == {}
+    for table in result["eager_static"].values():
+        assert [int(n) for n in table] == list(gpu_graphs.SIZES) and all(s > 0 for s in table.values())
