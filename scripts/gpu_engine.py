@@ -22,7 +22,6 @@ Methods run interleaved, the target alone first and last in every round, fixed s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     from specrouter.cascade.chain import Chain
     from specrouter.cascade.sampling import SamplingParams
     from specrouter.drafters import SuffixDrafter
-    from torch_profile import _Tokenizer, device_info, random_model
+    from torch_profile import _Tokenizer, device_info, random_model, save
 
     backends = {}
     for name in (TARGET, DRAFT):
@@ -126,9 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
             "summary": summarise(runs, show=r + 1 == args.rounds),
             "runs": {mode: {label: [{k: v for k, v in x.items() if k != "token_ids"} for x in rs] for label, rs in by.items()}
                      for mode, by in runs.items()}}
-        if args.out:  # after every round: a run cut short keeps what it measured
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
+        save(result, args.out)  # after every round: a run cut short keeps what it measured
     if args.out:
         print(f"wrote {args.out}")
     return result

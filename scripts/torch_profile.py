@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -103,13 +102,15 @@ def device_info(device: str) -> dict:
     import torch
     import transformers
 
+    from specrouter.router.profiler import cpu_model
+
     info = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "device": device,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
-        "host_cpu": host_cpu(),
+        "host_cpu": cpu_model(),
         "cpu_threads": torch.get_num_threads(),
     }
     if device.startswith("cuda"):
@@ -119,16 +120,6 @@ def device_info(device: str) -> dict:
                     compute_capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda,
                     gpus_visible=torch.cuda.device_count())
     return info
-
-
-def host_cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def random_model(name: str, tiny: bool, device: str, dtype):

@@ -9,6 +9,8 @@ the negative controls below).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -361,26 +363,31 @@ def test_a_forward_that_fails_halfway_leaves_the_cache_as_it_was(monkeypatch):
     np.testing.assert_allclose(m.decode(seq, [4, 5], 3, 1)[0], full_forward_logits(m, [1, 2, 3, 4, 5]).numpy(), atol=ATOL)
 
 
-def test_the_gpu_check_engine_script_runs_every_chain_and_splits_host_from_model_time(tmp_path):
-    """scripts/gpu_engine.py as the GPU check runs it, cut down to tiny models on the CPU:
-    every chain, greedy and sampled; greedy output equal to the target alone's (fp32 on a
-    CPU has no near-ties to split); the target alone makes one forward per token."""
+def run_script(name: str, argv: list[str]):
+    """Load scripts/<name>.py (which imports its neighbours) and run its main(argv); the module."""
     import importlib.util
-    import json
     import sys
     from pathlib import Path
 
     scripts = Path(__file__).resolve().parents[3] / "scripts"
     sys.path.insert(0, str(scripts))
     try:
-        spec = importlib.util.spec_from_file_location("gpu_engine", scripts / "gpu_engine.py")
-        gpu_engine = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gpu_engine)
-        out = tmp_path / "engine.json"
-        gpu_engine.main(["--device", "cpu", "--dtype", "float32", "--tiny", "--tokens", "12", "--rounds", "1",
-                         "--out", str(out)])
+        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.main(argv)
     finally:
         sys.path.remove(str(scripts))
+    return module
+
+
+def test_the_gpu_check_engine_script_runs_every_chain_and_splits_host_from_model_time(tmp_path):
+    """scripts/gpu_engine.py as the GPU check runs it, cut down to tiny models on the CPU:
+    every chain, greedy and sampled; greedy output equal to the target alone's (fp32 on a
+    CPU has no near-ties to split); the target alone makes one forward per token."""
+    out = tmp_path / "engine.json"
+    gpu_engine = run_script("gpu_engine", ["--device", "cpu", "--dtype", "float32", "--tiny", "--tokens", "12",
+                                           "--rounds", "1", "--out", str(out)])
     result = json.loads(out.read_text())
     labels = [label for label, *_ in gpu_engine.METHODS]
     assert list(result["summary"]) == ["greedy", "sampled T = 1"]
@@ -396,21 +403,9 @@ def test_the_gpu_check_engine_script_runs_every_chain_and_splits_host_from_model
 def test_the_static_cache_diagnostic_times_every_size_and_writes_a_cost_profile(tmp_path):
     """scripts/gpu_graphs.py on the CPU: the eager static-cache forward at every size, and a
     file the router reads (no CUDA graphs without a GPU: its tables are empty, no errors)."""
-    import importlib.util
-    import json
-    import sys
-    from pathlib import Path
-
-    scripts = Path(__file__).resolve().parents[3] / "scripts"
-    sys.path.insert(0, str(scripts))
-    try:
-        spec = importlib.util.spec_from_file_location("gpu_graphs", scripts / "gpu_graphs.py")
-        gpu_graphs = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gpu_graphs)
-        out = tmp_path / "graphs.json"
-        gpu_graphs.main(["--device", "cpu", "--tiny", "--repeats", "1", "--batches", "2", "--out", str(out)])
-    finally:
-        sys.path.remove(str(scripts))
+    out = tmp_path / "graphs.json"
+    gpu_graphs = run_script("gpu_graphs", ["--device", "cpu", "--tiny", "--repeats", "1", "--batches", "2",
+                                           "--out", str(out)])
     result = json.loads(out.read_text())
     assert result["errors"] == {} and result["models"] == {} and result["batched"] == {}
     for table in result["eager_static"].values():
