@@ -14,10 +14,7 @@ a trace on what a launch-free runtime with a device-resident cascade would cost.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -40,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from torch_profile import device_info, random_model
+    from torch_profile import device_info, random_model, save
 
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
@@ -79,8 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         model = None  # noqa: F841 - free it before the next model is built
         if cuda:
             torch.cuda.empty_cache()
-        if args.out:
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
+        save(result, args.out)
     for what, error in result["errors"].items():
         print(f"error: {what}: {error}", flush=True)
 
@@ -91,6 +87,8 @@ def measure(model, batch: int, n: int, repeats: int, device: str, graphs: bool) 
     without graphs)."""
     import torch
     from transformers import StaticCache
+
+    from torch_profile import _median_time
 
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     vocab = model.config.vocab_size
@@ -108,23 +106,13 @@ def measure(model, batch: int, n: int, repeats: int, device: str, graphs: bool) 
         return model(input_ids=ids, position_ids=pos.unsqueeze(0).expand(batch, n), cache_position=pos,
                      past_key_values=cache, use_cache=True, logits_to_keep=n).logits
 
-    def timed(call) -> float:
-        times = []
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            call()
-            sync()
-            times.append(time.perf_counter() - start)
-            rewind()
-        return statistics.median(times)
+    def timed(call) -> float:  # one warm-up call; each timed to a synchronize, the rewind outside the timing
+        return _median_time(lambda: (call(), sync()), lambda: (rewind(), sync()), repeats)
 
     with torch.inference_mode():
         prefix = torch.randint(0, vocab, (batch, PREFIX), device=device)
         model(input_ids=prefix, past_key_values=cache, use_cache=True, cache_position=torch.arange(PREFIX, device=device),
               logits_to_keep=1)
-        step()
-        rewind()
         eager = timed(step)
         if not graphs:
             return eager, None
