@@ -7,6 +7,11 @@ verifying. The draft and the target agree (the same row, one token far ahead), s
 proposal is accepted and a cycle is one full block. Each allocator mode runs in a process of
 its own (the setting is process-wide), the modes alternated, REPEATS processes each;
 reported: the median per configuration of host milliseconds per cycle and per token.
+
+`--rows cuda` (or `cpu`) hands the cascade its rows as torch tensors on that device instead
+of numpy (cascade/torch_rows.py: warped, sampled and verified there), what a torch model
+on a GPU hands over: the row lives on the device once and every forward returns a view of
+it (no copy, no compute: the forward's own work is not the engine's).
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ MODES = ("default", "kept")
 RESULTS = Path(__file__).parent / "results"
 
 
-def measure(mode: str, generations: int) -> list[dict]:
-    """In this process: every configuration at every temperature."""
+def measure(mode: str, generations: int, rows: str = "host") -> list[dict]:
+    """In this process: every configuration at every temperature, rows on the host (numpy)
+    or on a torch device."""
     from specrouter.allocator import keep_freed_pages
     from specrouter.backends.synthetic import SyntheticBackend
     from specrouter.cascade.chain import Chain
@@ -54,14 +60,31 @@ def measure(mode: str, generations: int) -> list[dict]:
         def logits_for(self, context) -> np.ndarray:
             return self._row
 
+    class DeviceRow(FixedRow):
+        def __init__(self, name: str, row: np.ndarray) -> None:
+            import torch
+
+            super().__init__(name, row)
+            self._device_row = torch.from_numpy(row).to(rows)
+
+        def _extend(self, seq, tokens, pos, n_logits):
+            super()._extend(seq, tokens, pos, 0)  # the KV's books only
+            return self._device_row.unsqueeze(0).expand(n_logits, -1)
+
+    model = FixedRow
+    if rows != "host":
+        from specrouter.cascade.torch_rows import register_tensors
+
+        register_tensors()
+        model = DeviceRow
     row = (np.random.default_rng(0).normal(size=VOCAB) * 3).astype(np.float32)
     row[7] += 30.0  # token 7 far ahead: drafts are accepted at any temperature
     out = []
     for temperature in TEMPERATURES:
         params = SamplingParams(temperature=temperature)
         for label, drafter, k in CONFIGS:
-            target = FixedRow("target", row)
-            below = MODEL_FREE[drafter]() if drafter else FixedRow("draft", row)
+            target = model("target", row)
+            below = MODEL_FREE[drafter]() if drafter else model("draft", row)
             chain = Chain([target], []) if k == 0 else Chain([below, target], [k])
             generate(chain, [1, 2, 3], params, 20, rng=np.random.default_rng(1))  # warm-up
             start, tokens, cycles = time.perf_counter(), 0, 0
@@ -74,11 +97,22 @@ def measure(mode: str, generations: int) -> list[dict]:
     return out
 
 
+def rows_info(rows: str) -> str:
+    """Where the rows were, in words (the GPU's name for a CUDA device)."""
+    if rows == "host":
+        return "numpy on the host"
+    import torch
+
+    name = torch.cuda.get_device_name(torch.device(rows)) if torch.device(rows).type == "cuda" else "the CPU"
+    return f"torch tensors on {rows} ({name})"
+
+
 def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [f"# Host work per cycle, freed pages kept or not ({m['date']})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}. Command: `{m['command']}`. "
              f"Models cost nothing (fixed rows of a {VOCAB:,}-token vocabulary, every proposal accepted); "
+             f"rows as {result.get('rows', 'numpy on the host')}; "
              f"{TOKENS} tokens per generation, {result['generations']} generation(s) per configuration, "
              f"{result['repeats']} processes per allocator mode, alternated; medians over the processes.", "",
              "| temperature | chain | tokens per cycle | default: ms/cycle | kept: ms/cycle | default: ms/token "
@@ -96,18 +130,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="processes per allocator mode")
     ap.add_argument("--generations", type=int, default=5, help="generations per configuration and process")
+    ap.add_argument("--rows", default="host", help="host (numpy), or a torch device (cpu, cuda) holding the rows")
     ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--stem", default=None)
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     if args.worker:
-        json.dump(measure(args.worker, args.generations), sys.stdout)
+        json.dump(measure(args.worker, args.generations, args.rows), sys.stdout)
         return
     runs: dict[str, list[list[dict]]] = {mode: [] for mode in MODES}
     for i in range(args.repeats):
         for mode in MODES:
-            done = subprocess.run([sys.executable, "-m", "benchmarks.host_work", "--worker", mode,
-                                   "--generations", str(args.generations)], capture_output=True, text=True, check=True)
+            done = subprocess.run([sys.executable, "-m", "benchmarks.host_work", "--worker", mode, "--rows", args.rows,
+                                   "--generations", str(args.generations)], capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"worker {mode} failed:\n{done.stderr[-3000:]}")
             runs[mode].append(json.loads(done.stdout))
             print(f"process {i + 1}/{args.repeats} {mode} done", file=sys.stderr)
     table = []
@@ -117,7 +154,7 @@ def main() -> None:
         for mode in MODES:
             entry[mode] = {key: statistics.median(run[j][key] for run in runs[mode]) for key in ("ms_per_cycle", "ms_per_token")}
         table.append(entry)
-    result = {"machine": machine_info(), "repeats": args.repeats, "generations": args.generations, "table": table, "runs": runs}
+    result = {"machine": machine_info(), "rows": rows_info(args.rows), "repeats": args.repeats, "generations": args.generations, "table": table, "runs": runs}
     stem = args.stem or f"host-work-{datetime.now(timezone.utc):%Y-%m-%d}"
     write_result(args.out, stem, result, markdown(result))
 

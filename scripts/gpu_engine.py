@@ -12,6 +12,9 @@ is the engine's work around the forwards (drafting lookups, the cascade's numpy 
 full-vocabulary rows, bookkeeping), the figure the simulator's host costs
 (specrouter/sim/host.py) stand for. Greedy runs also say whether each chain's output equals
 the target alone's (random weights give near-ties, so bf16 batching noise can split them).
+Each mode runs twice: with the models' logits rows copied to the host (the numpy cascade)
+and left on the device (cascade/torch_rows.py), the difference being what the
+device-resident cascade saves per cycle.
 
 Methods run interleaved, the target alone first and last in every round, fixed seeds.
 
@@ -72,7 +75,7 @@ def summarise(runs: dict[str, dict[str, list[dict]]], show: bool) -> dict:
                    "median_model_ms_per_cycle": round(1e3 * statistics.median(x["model_seconds"] / max(x["cycles"], 1)
                                                                              for x in rs), 3),
                    "median_tokens_per_cycle": round(statistics.median(x["accepted_per_cycle"] for x in rs), 3)}
-            if mode == "greedy":
+            if mode.startswith("greedy"):
                 row["equals_alone"] = [x["token_ids"] == alone[0]["token_ids"] for x in rs]
             summary[mode][label] = row
             if show:
@@ -89,8 +92,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tiny", action="store_true", help="cut the shapes down (CPU smoke test)")
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per run")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rows", default="host,device", help="where the cascade reads the rows: host, device or both")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    placements = args.rows.split(",")
+    if not placements or any(p not in ("host", "device") for p in placements):
+        ap.error(f"--rows takes host, device or host,device, got {args.rows!r}")
 
     import numpy as np
     import torch
@@ -109,12 +116,15 @@ def main(argv: list[str] | None = None) -> dict:
     vocab = backends[TARGET].n_vocab
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, vocab, 48).tolist() * 4  # text that repeats, as copy workloads do
-    modes = {"greedy": SamplingParams(), "sampled T = 1": SamplingParams(temperature=1.0)}
+    modes = {f"{name}, rows on {where}": (params, where == "device") for where in placements
+             for name, params in (("greedy", SamplingParams()), ("sampled T = 1", SamplingParams(temperature=1.0)))}
     runs: dict[str, dict[str, list[dict]]] = {mode: {label: [] for label, *_ in METHODS} for mode in modes}
     order = [*METHODS, METHODS[0]]  # the target alone first and last in every round
     result: dict = {}
     for r in range(args.rounds):
-        for mode, params in modes.items():
+        for mode, (params, on_device) in modes.items():
+            for backend in backends.values():
+                backend.rows_on_device = on_device
             for label, names, lengths in order:
                 levels = [SuffixDrafter() if n == "suffix" else backends[n] for n in names]
                 runs[mode][label].append(run_once(Chain(levels, list(lengths)), prompt, params, args.tokens, seed=r))

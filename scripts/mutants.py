@@ -80,7 +80,7 @@ class Mutant:
 
 VERIFY, CHAIN = "specrouter/cascade/verify.py", "specrouter/cascade/chain.py"
 DRAFTER = "specrouter/drafters/model.py"
-UNWARPED = "warp(row, SamplingParams(temperature=1.0))"
+UNWARPED = "ops_of(row).warp([row], SamplingParams(temperature=1.0))[0]"
 
 MUTANTS = [
     Mutant("residual-full-p", "after a rejection, sample from the full p instead of the residual (a published cascade)",
@@ -115,8 +115,8 @@ MUTANTS = [
                  "return proposals[:n_acc] + [nxt], p[:n_acc] + [residual(p[n_acc], q[n_acc] if q else None, "
                  "proposals[n_acc]) if not self.params.greedy and n_acc < len(proposals) else p[n_acc]]"),)),
     Mutant("unwarped-verifier", "verifying levels score with the unwarped softmax (temperature, top-k, top-p skipped)",
-           (Edit(CHAIN, "p = [self._dist(row) for row in rows]",
-                 f"p = [self._dist(row) if self.params.greedy or i == 0 else {UNWARPED} for row in rows]"),)),
+           (Edit(CHAIN, "p = self._dists(rows)",
+                 f"p = self._dists(rows) if self.params.greedy or i == 0 else [{UNWARPED} for row in rows]"),)),
     Mutant("unwarped-draft", "the drafting model samples from its unwarped softmax but hands up its warped q",
            (Edit(CHAIN, "token = d if self.params.greedy else sample(d, self.rng)",
                  f"token = d if self.params.greedy else sample({UNWARPED}, self.rng)"),)),

@@ -27,6 +27,7 @@ import numpy as np
 
 from specrouter.backends.base import ForwardBackend, Run, TimingKey
 from specrouter.backends.hf_tokens import HFTokenTexts
+from specrouter.cascade.torch_rows import register_tensors
 from specrouter.errors import BackendError, InvalidParameterError, ModelFileError
 
 try:
@@ -36,6 +37,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "the torch backend needs torch and transformers: pip install 'specrouter[torch]' "
         "(install the torch build that fits your machine first)"
     ) from exc
+
+register_tensors()  # rows this backend leaves on its device go through cascade/torch_rows.py
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
@@ -113,7 +116,12 @@ class TorchBackend(ForwardBackend):
         n_ctx: int = 4096,
         n_seq_max: int = 4,
         n_threads: int | None = None,
+        rows_on_device: bool | None = None,
     ) -> None:
+        """rows_on_device: hand the cascade its logits rows as tensors left on the device,
+        which the cascade then warps, samples and verifies there (cascade/torch_rows.py);
+        False copies them to host numpy. None (default): on the device unless it is a CPU,
+        where numpy's row work is the faster (and the cascade's reference)."""
         path = Path(path)
         dev, tdtype = self._check_runtime(device, dtype, n_threads)
         if not path.is_dir():
@@ -138,19 +146,19 @@ class TorchBackend(ForwardBackend):
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFileError(f"{path}: transformers could not load the model: {exc}") from None
         self.path = path
-        self._setup(model, tokenizer, name or path.name, dev, tdtype, n_ctx, n_seq_max)
+        self._setup(model, tokenizer, name or path.name, dev, tdtype, n_ctx, n_seq_max, rows_on_device)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, name: str = "torch", device: str = "cpu",
                    dtype: str = "float32", n_ctx: int = 4096, n_seq_max: int = 4,
-                   n_threads: int | None = None) -> TorchBackend:
+                   n_threads: int | None = None, rows_on_device: bool | None = None) -> TorchBackend:
         """Wrap a model and tokenizer already in memory (moved to device and dtype)."""
         self = cls.__new__(cls)
         dev, tdtype = self._check_runtime(device, dtype, n_threads)
         if tokenizer is None:
             raise ModelFileError(f"{name}: a torch model needs a tokenizer")
         self.path = None
-        self._setup(model, tokenizer, name, dev, tdtype, n_ctx, n_seq_max)
+        self._setup(model, tokenizer, name, dev, tdtype, n_ctx, n_seq_max, rows_on_device)
         return self
 
     @staticmethod
@@ -163,11 +171,13 @@ class TorchBackend(ForwardBackend):
         return dev, tdtype
 
     def _setup(self, model: Any, tokenizer: Any, name: str, dev: torch.device, tdtype: torch.dtype,
-               n_ctx: int, n_seq_max: int) -> None:
+               n_ctx: int, n_seq_max: int, rows_on_device: bool | None) -> None:
         ForwardBackend.__init__(self)
         self.name = name
         self.device = dev
         self.dtype = tdtype
+        #: Whether decode returns its rows as tensors on the device (float32), else host numpy.
+        self.rows_on_device = dev.type != "cpu" if rows_on_device is None else bool(rows_on_device)
         #: CPU threads torch computes with (read by the router's profile key); None on a GPU.
         self.n_threads = torch.get_num_threads() if dev.type == "cpu" else None
         self._model = model.to(device=dev, dtype=tdtype).eval()
@@ -259,7 +269,7 @@ class TorchBackend(ForwardBackend):
                 raise BackendError(
                     f"{self.name}: out of GPU memory decoding {sum(lens)} tokens of {b} sequences"
                 ) from None
-            logits = _to_host(out.logits)
+            logits = self._rows(out.logits)
             del out
             # Write back each row's real span (own past + own run, no padding) as the
             # sequence's cache, copied out so the padded tensors are freed layer by layer.
@@ -306,7 +316,18 @@ class TorchBackend(ForwardBackend):
             raise BackendError(f"{self.name}: out of GPU memory decoding {len(tokens)} tokens at {pos}") from None
         if n_logits == 0:
             return None
-        return _to_host(out.logits[0, -n_logits:])
+        return self._rows(out.logits[0, -n_logits:])
+
+    def _rows(self, logits: torch.Tensor) -> np.ndarray | torch.Tensor:
+        """Logits as the cascade gets them: float32 on the device, or host numpy. Either way
+        the call returns once they are computed (a GPU runs asynchronously: without the wait
+        a call's wall time would not be its forward's, which the router's costs read)."""
+        if not self.rows_on_device:
+            return _to_host(logits)
+        rows = logits.float()
+        if rows.device.type == "cuda":
+            torch.cuda.synchronize(rows.device)
+        return rows
 
     @staticmethod
     def _truncate(cache: Any, length: int) -> None:

@@ -30,7 +30,8 @@ from specrouter.cascade.grammar import Constraint
 from specrouter.cascade.logprobs import TokenLogprob, emitted_logprobs
 from specrouter.cascade.penalties import History, penalize, penalized
 from specrouter.cascade.proposer import Draft, LengthPolicy, Proposer, confidence, cut_after_eos
-from specrouter.cascade.sampling import SamplingParams, sample, warp
+from specrouter.cascade.rows import ops_of
+from specrouter.cascade.sampling import SamplingParams, sample
 from specrouter.cascade.verify import residual, verify_greedy, verify_sampled
 from specrouter.errors import InvalidChainError, InvalidParameterError
 from specrouter.state import SequenceState
@@ -296,15 +297,22 @@ class CycleRunner:
         - len(rows) + 1 + j]), transformed by the penalties (penalties.py), then restricted by
         the grammar (grammar.py); as they are without either."""
         first = len(tokens) - len(rows) + 1
+        if self.history is not None or self.constraint is not None:
+            rows = ops_of(rows).host(rows)  # penalties and grammars read rows on the host
         if self.history is not None:
             rows = [penalize(row, tokens[: first + j], self.params, self.history) for j, row in enumerate(rows)]
         if self.constraint is not None:
             rows = self.constraint.restrict(rows, tokens[self.committed:], first - self.committed)
         return rows
 
-    def _dist(self, row: np.ndarray):
+    def _dist(self, row):
         """What a level keeps per position: its argmax under greedy, else its warped p."""
-        return int(np.argmax(row)) if self.params.greedy else warp(row, self.params)
+        return self._dists([row])[0]
+
+    def _dists(self, rows) -> list:
+        """_dist of every row, in one pass over rows kept on a device (rows.py)."""
+        ops = ops_of(rows)
+        return ops.argmax(rows) if self.params.greedy else ops.warp(rows, self.params)
 
     def _evaluate(self, i: int, tokens: list[int], n_logits: int):
         request = EvalRequest(i, self.chain.levels[i], tokens, n_logits)
@@ -373,14 +381,16 @@ class CycleRunner:
         rows = yield from self._evaluate(i, context + proposals, len(proposals) + 1)
         start = self.clock()
         rows = self._processed(rows, context + proposals)
-        p = [self._dist(row) for row in rows]
+        p = self._dists(rows)
         if self.params.greedy:
             n_acc, nxt = verify_greedy(proposals, p)
         else:
             n_acc, nxt = verify_sampled(proposals, q, p, self.rng, self._residual)
         if self.logprobs is not None and i == len(self.chain.levels) - 1:
             emitted = proposals[:n_acc] + [nxt]
-            self.emitted = emitted_logprobs(rows, emitted, self.params, self.logprobs, p)
+            host = ops_of(rows).host
+            self.emitted = emitted_logprobs(host(rows), emitted, self.params, self.logprobs,
+                                            None if self.params.greedy else host(p))
         self._rows_done(i, len(rows), start)
         if i > 0:
             lower = self.stats[i - 1]

@@ -25,6 +25,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from specrouter.cascade.rows import ops_of
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -99,9 +101,9 @@ class LengthPolicy(Protocol):
         """The verifier accepted the first n_accepted of the tokens with these confidences."""
 
 
-def confidence(row: np.ndarray) -> float:
-    """Top probability of the softmax of a logits row."""
-    return float(1.0 / np.exp(row - row.max()).sum())
+def confidence(row) -> float:
+    """Top probability of the softmax of a logits row (on the row's device, rows.py)."""
+    return ops_of(row).confidence(row)
 
 
 def cut_after_eos(tokens: list[int], eos_ids: frozenset[int]) -> list[int]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrouter.cascade.grammar import Grammar
+from specrouter.cascade.rows import ops_of
 from specrouter.errors import InvalidParameterError
 
 # Top-p on a 150k vocabulary: sorting everything costs ~10 ms, more than a draft
@@ -153,9 +154,18 @@ def _top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
 _SAMPLE_BLOCK = 1024
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Inverse-CDF sampling with one uniform from rng (tests fix rng to fix the draw)."""
+def sample(probs, rng: np.random.Generator) -> int:
+    """Inverse-CDF sampling with one uniform from rng (tests fix rng to fix the draw), on
+    the host or on the row's device (rows.py)."""
     u = rng.random()
+    if isinstance(probs, np.ndarray):
+        return sample_with(probs, u)
+    return ops_of(probs).sample(probs, u)
+
+
+def sample_with(probs: np.ndarray, u: float) -> int:
+    """The token the uniform u in [0, 1) draws from probs: the first index whose cumulative
+    mass exceeds u * total."""
     n = probs.shape[0]
     if n <= 4 * _SAMPLE_BLOCK:
         cdf = probs.cumsum()

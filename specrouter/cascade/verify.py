@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specrouter.cascade.rows import ops_of
 from specrouter.cascade.sampling import sample
 
 
@@ -33,8 +34,12 @@ def residual(p: np.ndarray, q: np.ndarray | None, proposed: int) -> np.ndarray:
     """norm(max(p - q, 0)), with q = one-hot(proposed) when q is None.
 
     p and q may have different lengths (padded vocabularies): the missing tail is
-    probability zero.
+    probability zero. Rows kept on a device are handled there (rows.py).
     """
+    if not isinstance(p, np.ndarray):
+        return ops_of(p).residual(p, q, proposed)
+    if q is not None and not isinstance(q, np.ndarray):
+        q = ops_of(q).host(q)  # a device-kept q under a host p (a torch draft, a llama.cpp target)
     if q is None:
         r = p.copy()
         if proposed < r.shape[0]:
@@ -62,15 +67,16 @@ def verify_sampled(
     proposal_probs[i] is q at position i (None for a deterministic proposer);
     verifier_probs[i] is p at position i, with one extra row for the bonus token.
     residual_fn exists so a test can break the residual step on purpose.
+
+    The probabilities the acceptance tests read are gathered first, all at once (one
+    transfer for rows kept on a device); the uniforms are drawn one by one as before.
     """
+    k = len(proposals)
+    p_at = ops_of(verifier_probs).at(verifier_probs[:k], proposals) if k else []
+    q_at = [1.0] * k if proposal_probs is None or not k else ops_of(proposal_probs).at(proposal_probs[:k], proposals)
     for i, token in enumerate(proposals):
-        p = verifier_probs[i]
-        p_x = p[token] if token < p.shape[0] else 0.0
-        if proposal_probs is None:
-            q_row, q_x = None, 1.0
-        else:
-            q_row = proposal_probs[i]
-            q_x = q_row[token] if token < q_row.shape[0] else 0.0
+        p, p_x, q_x = verifier_probs[i], p_at[i], q_at[i]
+        q_row = None if proposal_probs is None else proposal_probs[i]
         # Accept with probability min(1, p/q); written as u * q < p to avoid dividing by q.
         if q_x > 0 and rng.random() * q_x < p_x:
             continue

@@ -76,7 +76,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from specrouter.cascade.rows import ops_of
 
 #: Acceptance assumed for an unobserved pair with no triangle bound: below the ~0.8 a
 #: same-family draft typically reaches (reference notes: 0.81 greedy), so drafts are
@@ -162,17 +162,20 @@ def pair_score(proposal: int, q_row, p_row, greedy: bool) -> float:
     """Expected acceptance at one position (see the module docstring)."""
     if greedy:
         return 1.0 if int(proposal) == int(p_row) else 0.0
-    if q_row is None:
-        return float(p_row[proposal]) if proposal < p_row.shape[0] else 0.0
-    n = min(p_row.shape[0], q_row.shape[0])  # padded vocabularies: compare the shared range
-    return float(np.minimum(p_row[:n], q_row[:n]).sum())
+    ops = ops_of(p_row)
+    return ops.at([p_row], [proposal])[0] if q_row is None else ops.overlap([p_row], [q_row])[0]
 
 
 def position_scores(proposals: Sequence[int], q, p, greedy: bool, requested: int, n_accepted: int) -> list[float]:
     """Scores of the positions a block reached: its n_accepted accepted proposals and the
     rejected one after them, if any (see the module docstring)."""
     reached = proposals[: n_accepted + 1]
-    scores = [pair_score(x, None if q is None else q[i], p[i], greedy) for i, x in enumerate(reached)]
+    if greedy or not reached:
+        scores = [pair_score(x, None, p[i], True) for i, x in enumerate(reached)]
+    elif q is None:  # one pass over all positions (one transfer for rows on a device)
+        scores = ops_of(p).at(p[: len(reached)], reached)
+    else:
+        scores = ops_of(p).overlap(p[: len(reached)], q[: len(reached)])
     if n_accepted >= len(proposals) and len(proposals) < requested:
         scores.append(0.0)  # ran out of proposals: ends the block like a rejection
     return scores

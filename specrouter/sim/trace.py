@@ -24,12 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from specrouter.backends.base import Backend
 from specrouter.backends.replay import Script, Track
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.proposer import confidence
+from specrouter.cascade.rows import ops_of
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
 from specrouter.errors import InvalidParameterError
@@ -108,8 +107,8 @@ class Trace:
             raise InvalidParameterError(f"{path} is not a trace ({exc.__class__.__name__}: {exc})") from None
 
 
-def _greedy(row: np.ndarray) -> tuple[int, float]:
-    return int(np.argmax(row)), round(confidence(row), 6)
+def _greedy(row) -> tuple[int, float]:
+    return ops_of(row).argmax([row])[0], round(confidence(row), 6)
 
 
 def track(model: Backend, prompt: Sequence[int], answer: Sequence[int], branch_tokens: int, eos: bool) -> Track:

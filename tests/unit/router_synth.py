@@ -49,13 +49,13 @@ def seconds_per_token(chain_or_router, models, params, max_tokens, seed=0, promp
 
 def rows_cost_simulated_time(monkeypatch, model, seconds_per_row):
     """Every logits row the cascade warps charges `model`'s simulated clock (Python work)."""
-    original = CycleRunner._dist
+    original = CycleRunner._dists
 
-    def dist(self, row):
-        model.simulated_seconds += seconds_per_row
-        return original(self, row)
+    def dists(self, rows):
+        model.simulated_seconds += seconds_per_row * len(rows)
+        return original(self, rows)
 
-    monkeypatch.setattr(CycleRunner, "_dist", dist)
+    monkeypatch.setattr(CycleRunner, "_dists", dists)
 
 
 def static_chains(by_name: dict, names_list, grid=DRAFT_GRID):

@@ -52,9 +52,10 @@ def tiny_model(seed: int, vocab: int = 6, hidden: int = 16, layers: int = 2, ini
 
 
 def tiny_backend(seed: int, name: str | None = None, vocab: int = 6, device: str = DEVICE,
-                 dtype: str = "float32", **kw) -> TorchBackend:
+                 dtype: str = "float32", rows_on_device: bool | None = None, **kw) -> TorchBackend:
     return TorchBackend.from_model(tiny_model(seed, vocab, **kw), tiny_tokenizer(vocab),
-                                   name=name or f"tiny{seed}", device=device, dtype=dtype)
+                                   name=name or f"tiny{seed}", device=device, dtype=dtype,
+                                   rows_on_device=rows_on_device)
 
 
 def full_forward_logits(backend: TorchBackend, context: list[int]) -> torch.Tensor:

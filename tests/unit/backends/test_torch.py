@@ -383,21 +383,24 @@ def run_script(name: str, argv: list[str]):
 
 def test_the_gpu_check_engine_script_runs_every_chain_and_splits_host_from_model_time(tmp_path):
     """scripts/gpu_engine.py as the GPU check runs it, cut down to tiny models on the CPU:
-    every chain, greedy and sampled; greedy output equal to the target alone's (fp32 on a
-    CPU has no near-ties to split); the target alone makes one forward per token."""
+    every chain, greedy and sampled, with the rows on the host and on the device; greedy
+    output equal to the target alone's (fp32 on a CPU has no near-ties to split); the
+    target alone makes one forward per token."""
     out = tmp_path / "engine.json"
     gpu_engine = run_script("gpu_engine", ["--device", "cpu", "--dtype", "float32", "--tiny", "--tokens", "12",
                                            "--rounds", "1", "--out", str(out)])
     result = json.loads(out.read_text())
     labels = [label for label, *_ in gpu_engine.METHODS]
-    assert list(result["summary"]) == ["greedy", "sampled T = 1"]
+    modes = [f"{m}, rows on {where}" for where in ("host", "device") for m in ("greedy", "sampled T = 1")]
+    assert list(result["summary"]) == modes
     assert all(list(by) == labels for by in result["summary"].values())
-    greedy = result["summary"]["greedy"]
-    assert all(all(row["equals_alone"]) for row in greedy.values())
-    assert greedy["target alone"]["runs"] == 2 and greedy["target alone"]["median_tokens_per_cycle"] == 1.0
-    for run in result["runs"]["greedy"]["target alone"]:
-        assert run["tokens"] == run["cycles"] == 12 and run["forwards"] == {gpu_engine.TARGET: 12}
-        assert 0 < run["model_seconds"] < run["wall_seconds"] and run["host_seconds_per_cycle"] > 0
+    for mode in (modes[0], modes[2]):
+        greedy = result["summary"][mode]
+        assert all(all(row["equals_alone"]) for row in greedy.values()), mode
+        assert greedy["target alone"]["runs"] == 2 and greedy["target alone"]["median_tokens_per_cycle"] == 1.0
+        for run in result["runs"][mode]["target alone"]:
+            assert run["tokens"] == run["cycles"] == 12 and run["forwards"] == {gpu_engine.TARGET: 12}
+            assert 0 < run["model_seconds"] < run["wall_seconds"] and run["host_seconds_per_cycle"] > 0
 
 
 def test_the_static_cache_diagnostic_times_every_size_and_writes_a_cost_profile(tmp_path):
