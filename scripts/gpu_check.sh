@@ -2,14 +2,14 @@
 # GPU check for the torch backend, on a machine with one NVIDIA GPU and no network (nothing
 # is downloaded; every model has random weights). Under 8 minutes in all; each step has a
 # hard timeout and writes its files as it goes, so a step cut short keeps what it measured:
-#   1. cost profile (scripts/torch_profile.py, 190 s): models shaped like Qwen2.5-Coder 0.5B
+#   1. cost profile (scripts/torch_profile.py, 150 s): models shaped like Qwen2.5-Coder 0.5B
 #      and 1.5B (the default pool), Llama-3.2-1B and Llama-3.1-8B, bf16: one sequence's
 #      forward of n = 1..32 tokens and the sizes of a batch's tokens together (to 2,048), B = 2..32
 #      sequences of k tokens in one batched call, and the same forwards with the logits left
 #      on the device (what the host copy costs). The router's CostProfile format:
 #      `specrouter profile --load OUT_DIR/gpu_cost_profile.json` prints it, `--profile FILE`
 #      (generate, serve) routes with it, benchmarks/simulation.py --gpu-profile replays with it;
-#   2. the engine end to end (scripts/gpu_engine.py, 2 rounds, 110 s): the 1.5B-shaped target alone
+#   2. the engine end to end (scripts/gpu_engine.py, 2 rounds, 150 s): the 1.5B-shaped target alone
 #      against suffix, 0.5B and 3-level chains, greedy and sampled, interleaved, with the logits
 #      rows copied to the host and left on the device: the engine's host work per cycle on that
 #      machine, and what the device-resident cascade saves of it;
@@ -65,19 +65,19 @@ fi
 
 if step 1; then
 echo "== 1. forward-cost profile, bf16"
-timeout 190 "$PY" scripts/torch_profile.py --device cuda --dtype bfloat16 \
+timeout 150 "$PY" scripts/torch_profile.py --device cuda --dtype bfloat16 \
   --models qwen2.5-coder-0.5b,qwen2.5-coder-1.5b,llama-3.2-1b,llama-3.1-8b --prefix 256 --repeats 5 \
   --out "$OUT_DIR/gpu_cost_profile.json" 2>&1 | tee "$OUT_DIR/gpu_profile.log"
 rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] || { echo "gpu_check: profiling failed (exit $rc; 124 = over 190 s)" >&2; status=1; }
+[ "$rc" -eq 0 ] || { echo "gpu_check: profiling failed (exit $rc; 124 = over 150 s)" >&2; status=1; }
 fi
 
 if step 2; then
 echo "== 2. the engine end to end, random weights, bf16"
-timeout 110 "$PY" scripts/gpu_engine.py --device cuda --dtype bfloat16 --tokens 48 --rounds 2 \
+timeout 150 "$PY" scripts/gpu_engine.py --device cuda --dtype bfloat16 --tokens 48 --rounds 2 \
   --out "$OUT_DIR/gpu_engine.json" 2>&1 | tee "$OUT_DIR/gpu_engine.log"
 rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] || { echo "gpu_check: engine run failed (exit $rc; 124 = over 110 s)" >&2; status=1; }
+[ "$rc" -eq 0 ] || { echo "gpu_check: engine run failed (exit $rc; 124 = over 150 s)" >&2; status=1; }
 fi
 
 if step 3; then

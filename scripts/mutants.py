@@ -54,10 +54,12 @@ EXACTNESS_TESTS = [
     "tests/unit/cascade/test_grammar.py",
     *LAW_TESTS,
     "tests/unit/cascade/test_sampling_exactness.py",
+    "tests/unit/cascade/test_torch_rows.py",
+    "tests/unit/cascade/test_device_rows.py",
 ]
 #: The slow tier's long-horizon laws and its sentinel (the 3-token joint tests of
 #: test_sampling_exactness.py and the batched one are weaker, and would add 4 minutes).
-SLOW_TESTS = LAW_TESTS
+SLOW_TESTS = [*LAW_TESTS, "tests/unit/cascade/test_device_rows.py"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Mutant:
 
 
 VERIFY, CHAIN = "specrouter/cascade/verify.py", "specrouter/cascade/chain.py"
+TORCH_ROWS = "specrouter/cascade/torch_rows.py"
 DRAFTER = "specrouter/drafters/model.py"
 UNWARPED = "ops_of(row).warp([row], SamplingParams(temperature=1.0))[0]"
 
@@ -158,6 +161,14 @@ MUTANTS = [
                  "draft = draft"),)),
     Mutant("batch-logits-swapped", "a batched call hands each sequence another sequence's logits",
            (Edit("specrouter/engine/batch.py", "in zip(group, outputs):", "in zip(group, outputs[::-1]):"),)),
+    Mutant("torch-residual-keeps-x", "rows on a device: an n-gram draft's residual keeps the rejected token",
+           (Edit(TORCH_ROWS, "r[token] = 0.0", "r[token] = r[token]"),)),
+    Mutant("torch-top-p-one-short", "rows on a device: top-p keeps one token fewer than the smallest set reaching top_p",
+           (Edit(TORCH_ROWS, "cut = (cumulative < top_p - _TOP_P_MARGIN).sum(dim=-1, keepdim=True) + 1",
+                 "cut = (cumulative < top_p - _TOP_P_MARGIN).sum(dim=-1, keepdim=True).clamp(min=1)"),)),
+    Mutant("torch-acceptance-wrong-row", "rows on a device: the acceptance test reads p(x) of the next position's row",
+           (Edit(TORCH_ROWS, "for row, t, ok in zip(rows, tokens, inside)])",
+                 "for row, t, ok in zip(rows[1:] + rows[:1], tokens, inside)])"),), slow=True),
     Mutant("top-p-one-short", "top-p keeps one token fewer than the smallest set reaching top_p",
            (Edit("specrouter/cascade/sampling.py", "cut = int(cumulative.searchsorted(top_p - 1e-12)) + 1",
                  "cut = max(1, int(cumulative.searchsorted(top_p - 1e-12)))"),)),

@@ -58,6 +58,13 @@ def tiny_backend(seed: int, name: str | None = None, vocab: int = 6, device: str
                                    rows_on_device=rows_on_device)
 
 
+def host_backend(seed: int, name: str | None = None, **kw) -> TorchBackend:
+    """tiny_backend handing its rows to the host as numpy on any device: the decode contract's
+    tests compare them with numpy (the device path's rows are the same values:
+    tests/unit/cascade/test_device_rows.py)."""
+    return tiny_backend(seed, name, rows_on_device=False, **kw)
+
+
 def full_forward_logits(backend: TorchBackend, context: list[int]) -> torch.Tensor:
     """Next-token logits after `context`, from one cache-less forward over all of it."""
     ids = torch.tensor([context], device=backend.device)

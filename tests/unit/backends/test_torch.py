@@ -26,7 +26,7 @@ from specrouter.engine import generate  # noqa: E402
 from specrouter.errors import BackendError, InvalidParameterError, ModelFileError  # noqa: E402
 from specrouter.state import SequenceState  # noqa: E402
 
-from ..tiny_torch import DEVICE, full_forward_logits, tiny_backend, tiny_model, tiny_tokenizer  # noqa: E402
+from ..tiny_torch import DEVICE, full_forward_logits, host_backend, tiny_model, tiny_tokenizer  # noqa: E402
 
 ATOL = 1e-4
 VOCAB = 6
@@ -37,7 +37,7 @@ FOLDER_VOCAB = 8
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_backend(11)
+    return host_backend(11)
 
 
 def test_decode_returns_logits_of_the_last_n_positions(model):
@@ -130,7 +130,7 @@ def test_bad_calls_raise_backend_errors(model):
 
 
 def test_slots_run_out_and_come_back():
-    m = TorchBackend.from_model(tiny_model(1), tiny_tokenizer(VOCAB), device=DEVICE, n_seq_max=2)
+    m = TorchBackend.from_model(tiny_model(1), tiny_tokenizer(VOCAB), device=DEVICE, rows_on_device=False, n_seq_max=2)
     a, b = m.new_sequence(), m.new_sequence()
     with pytest.raises(BackendError, match="slots"):
         m.new_sequence()
@@ -163,7 +163,7 @@ def test_byte_level_token_bytes_and_texts():
     tok.decoder = decoders.ByteLevel()
     hf = PreTrainedTokenizerFast(tokenizer_object=tok)
     hf.add_tokens([AddedToken("<|end|>", special=True)], special_tokens=True)
-    m = TorchBackend.from_model(tiny_model(2, vocab=8), hf, device=DEVICE)
+    m = TorchBackend.from_model(tiny_model(2, vocab=8), hf, device=DEVICE, rows_on_device=False)
     assert m.token_text(3) == "Ġa".encode() and m.token_bytes(3) == b" a"
     assert m.token_bytes(4) + m.token_bytes(5) == "é".encode()
     assert m.token_bytes(6) == b"" and m.token_text(6) == b"<|end|>"
@@ -174,8 +174,8 @@ def test_byte_level_token_bytes_and_texts():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_every_dtype_decodes_close_to_float32(dtype):
-    m32 = tiny_backend(5)
-    m = tiny_backend(5, dtype=dtype)
+    m32 = host_backend(5)
+    m = host_backend(5, dtype=dtype)
     seq, ref = m.new_sequence(), m32.new_sequence()
     got = m.decode(seq, [1, 2, 3, 4], 0, 2)
     want = m32.decode(ref, [1, 2, 3, 4], 0, 2)
@@ -189,7 +189,7 @@ def test_every_dtype_decodes_close_to_float32(dtype):
 def test_rollback_after_random_cycles_equals_a_fresh_instance():
     """After random accept/reject cycles across a mixed chain, each torch model's logits
     for the committed tokens equal a fresh instance's fed the committed tokens in one run."""
-    draft, mid, target = tiny_backend(21), tiny_backend(22), tiny_backend(23)
+    draft, mid, target = host_backend(21), host_backend(22), host_backend(23)
     chain = Chain([NgramDrafter(max_ngram=2), draft, mid, target], [3, 2, 3])
     state = SequenceState()
     runner = CycleRunner(chain, state, SamplingParams(temperature=1.0), np.random.default_rng(5))
@@ -205,7 +205,7 @@ def test_rollback_after_random_cycles_equals_a_fresh_instance():
         assert any(s.accepted < s.proposed for s in runner.stats[:-1]), "the run must have rolled something back"
         for seed, m in zip((21, 22, 23), chain.models):
             got = state.evaluate(m, context, 1)[0]
-            fresh = tiny_backend(seed)
+            fresh = host_backend(seed)
             want = fresh.decode(fresh.new_sequence(), context, 0, 1)[0]
             np.testing.assert_allclose(got, want, atol=ATOL, err_msg=f"{m.name} after rollback")
     finally:
@@ -213,12 +213,12 @@ def test_rollback_after_random_cycles_equals_a_fresh_instance():
 
 
 def test_greedy_chains_of_torch_and_mixed_backends_equal_the_target_alone():
-    target = tiny_backend(31)
+    target = host_backend(31)
     alone = generate(Chain([target], []), [0, 1, 2], SamplingParams(), 40).token_ids
     for levels, lengths in (
-        ([tiny_backend(32), target], [4]),
-        ([NgramDrafter(), tiny_backend(32), tiny_backend(33), target], [2, 3, 4]),
-        ([SyntheticBackend("syn", vocab=VOCAB, noise=1.0), tiny_backend(32), target], [3, 3]),
+        ([host_backend(32), target], [4]),
+        ([NgramDrafter(), host_backend(32), host_backend(33), target], [2, 3, 4]),
+        ([SyntheticBackend("syn", vocab=VOCAB, noise=1.0), host_backend(32), target], [3, 3]),
     ):
         got = generate(Chain(levels, lengths), [0, 1, 2], SamplingParams(), 40).token_ids
         assert got == alone, [lv.name for lv in levels]
@@ -260,8 +260,8 @@ def test_folder_without_a_model_is_refused(tmp_path):
 def test_model_folder_loads_and_matches_the_model_in_memory(tmp_path):
     tiny_model(3, vocab=FOLDER_VOCAB).save_pretrained(tmp_path)
     tiny_tokenizer(VOCAB).save_pretrained(tmp_path)
-    loaded = TorchBackend(tmp_path, device=DEVICE)
-    mem = tiny_backend(3, vocab=FOLDER_VOCAB)
+    loaded = TorchBackend(tmp_path, device=DEVICE, rows_on_device=False)
+    mem = host_backend(3, vocab=FOLDER_VOCAB)
     np.testing.assert_allclose(loaded.decode(loaded.new_sequence(), [1, 2, 3], 0, 3),
                                mem.decode(mem.new_sequence(), [1, 2, 3], 0, 3), atol=ATOL)
     assert loaded.name == tmp_path.name and loaded.n_vocab == FOLDER_VOCAB
@@ -271,7 +271,7 @@ def test_model_folder_loads_and_matches_the_model_in_memory(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_on_a_machine_without_one_is_a_clear_error():
     with pytest.raises(BackendError, match="cuda.*(no CUDA|CUDA support)"):
-        tiny_backend(1, device="cuda")
+        host_backend(1, device="cuda")
 
 
 def test_a_cuda_device_that_does_not_exist_is_a_clear_error():
@@ -283,7 +283,7 @@ def test_unknown_devices_and_dtypes_are_refused():
     with pytest.raises(InvalidParameterError, match="device"):
         check_device("tpu")
     with pytest.raises(InvalidParameterError, match="float64"):
-        tiny_backend(1, dtype="float64")
+        host_backend(1, dtype="float64")
     assert dtype_name("bf16") == "bfloat16" and dtype_name(torch.float16) == "float16"
 
 
@@ -347,7 +347,7 @@ def test_convert_command_reports_clear_errors(tmp_path):
 
 
 def test_a_forward_that_fails_halfway_leaves_the_cache_as_it_was(monkeypatch):
-    m = tiny_backend(12)
+    m = host_backend(12)
     seq = m.new_sequence()
     m.decode(seq, [1, 2, 3], 0, 1)
     layer = m._model.model.layers[1]

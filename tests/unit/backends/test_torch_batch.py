@@ -17,7 +17,7 @@ from specrouter.engine import generate  # noqa: E402
 from specrouter.engine.batch import BatchScheduler, Finished, SeqRequest  # noqa: E402
 from specrouter.errors import BackendError  # noqa: E402
 
-from ..tiny_torch import full_forward_logits, tiny_backend  # noqa: E402
+from ..tiny_torch import full_forward_logits, host_backend  # noqa: E402
 
 ATOL = 1e-4
 
@@ -28,7 +28,7 @@ CASES = [([], [1, 2, 3], 2), ([4, 5, 0, 1, 2], [3], 1), ([5, 5], [0, 1, 2, 3, 4]
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_backend(11)
+    return host_backend(11)
 
 
 def _prefill(m, pasts):
@@ -123,7 +123,7 @@ def test_half_precision_batch_is_close_to_decode(dtype, tol):
     """Compared with decode() in the same dtype: other matrix shapes round differently
     (measured: bf16 0.03, fp16 0.005 at most), while bf16 itself sits up to 0.26 from
     float32 on these contexts, so float32 is not the reference here."""
-    m = tiny_backend(5, dtype=dtype)
+    m = host_backend(5, dtype=dtype)
     seqs = _prefill(m, [p for p, _, _ in CASES])
     got = m.decode_batch([(s, run, len(past), n) for s, (past, run, n) in zip(seqs, CASES)])
     _free(m, seqs)
@@ -135,10 +135,10 @@ def test_half_precision_batch_is_close_to_decode(dtype, tol):
 
 def test_batch_scheduler_with_torch_chains_equals_generate_alone():
     """Greedy: every request gets the target's own output, with real multi-sequence calls."""
-    target = tiny_backend(31)
+    target = host_backend(31)
     prompts, lengths = [[0, 1, 2], [3, 4], [5, 0, 1, 2, 3], [2, 2]], [20, 9, 25, 14]
     alone = [generate(Chain([target], []), p, SamplingParams(), n).token_ids for p, n in zip(prompts, lengths)]
-    chain = Chain([NgramDrafter(max_ngram=2), tiny_backend(32), tiny_backend(33), target], [2, 3, 3])
+    chain = Chain([NgramDrafter(max_ngram=2), host_backend(32), host_backend(33), target], [2, 3, 3])
     scheduler = BatchScheduler(lambda r: chain, max_batch=4)
     for i, (p, n) in enumerate(zip(prompts, lengths)):
         scheduler.add(str(i), SeqRequest(p, SamplingParams(), n))

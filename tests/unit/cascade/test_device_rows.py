@@ -133,7 +133,7 @@ def tiny_chains(rows_on_device: bool):
 
 
 def test_tiny_torch_rows_on_device_when_asked():
-    host, device = tiny_backend(101), tiny_backend(101, rows_on_device=True)
+    host, device = tiny_backend(101, rows_on_device=False), tiny_backend(101, rows_on_device=True)
     seq_h, seq_d = host.new_sequence(), device.new_sequence()
     a, b = host.decode(seq_h, PROMPT, 0, 2), device.decode(seq_d, PROMPT, 0, 2)
     assert isinstance(a, np.ndarray) and isinstance(b, torch.Tensor) and b.dtype == torch.float32
