@@ -9,7 +9,7 @@
 #      on the device (what the host copy costs). The router's CostProfile format:
 #      `specrouter profile --load OUT_DIR/gpu_cost_profile.json` prints it, `--profile FILE`
 #      (generate, serve) routes with it, benchmarks/simulation.py --gpu-profile replays with it;
-#   2. the engine end to end (scripts/gpu_engine.py, 2 rounds, 150 s): the 1.5B-shaped target alone
+#   2. the engine end to end (scripts/gpu_engine.py, 2 rounds, 110 s; an H200 fits one): the 1.5B-shaped target alone
 #      against suffix, 0.5B and 3-level chains, greedy and sampled, interleaved, with the logits
 #      rows copied to the host and left on the device: the engine's host work per cycle on that
 #      machine, and what the device-resident cascade saves of it;
@@ -22,10 +22,12 @@
 #      took 18 s). The broken-residual control is left to the CPU suite: it checks the
 #      test's power, not the device;
 #   4. host-side diagnostics (scripts/gpu_diag.py, 45 s): kernel launches per forward against
-#      the GPU's busy time, and the cost of bringing logits rows to the host, by strategy.
+#      the GPU's busy time, and the cost of bringing logits rows to the host, by strategy;
+#   5. the cascade's own work per cycle (benchmarks/host_work.py, 40 s): models that cost
+#      nothing, rows as numpy on the host and as tensors on the GPU.
 #
 # Usage: scripts/gpu_check.sh [OUT_DIR]      (default OUT_DIR: $OUT or ./gpu_check_out)
-#        GPU_CHECK_STEPS=2,3 scripts/gpu_check.sh   runs only those steps (default: 1,2,3,4)
+#        GPU_CHECK_STEPS=2,3 scripts/gpu_check.sh   runs only those steps (default: 1,2,3,4,5)
 # Needs a Python with a CUDA build of torch, transformers, numpy, scipy, pytest, click,
 # tqdm, platformdirs, jinja2 and llguidance (PYTHON=..., default .venv/bin/python, else python3).
 set -uo pipefail
@@ -35,7 +37,7 @@ if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 OUT_DIR="${1:-${OUT:-gpu_check_out}}"
-STEPS=",${GPU_CHECK_STEPS:-1,2,3,4},"
+STEPS=",${GPU_CHECK_STEPS:-1,2,3,4,5},"
 step() { [[ "$STEPS" == *",$1,"* ]]; }
 mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -74,10 +76,10 @@ fi
 
 if step 2; then
 echo "== 2. the engine end to end, random weights, bf16"
-timeout 150 "$PY" scripts/gpu_engine.py --device cuda --dtype bfloat16 --tokens 48 --rounds 2 \
+timeout 110 "$PY" scripts/gpu_engine.py --device cuda --dtype bfloat16 --tokens 48 --rounds 2 \
   --out "$OUT_DIR/gpu_engine.json" 2>&1 | tee "$OUT_DIR/gpu_engine.log"
 rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] || { echo "gpu_check: engine run failed (exit $rc; 124 = over 150 s)" >&2; status=1; }
+[ "$rc" -eq 0 ] || { echo "gpu_check: engine run failed (exit $rc; 124 = over 110 s)" >&2; status=1; }
 fi
 
 if step 3; then
@@ -97,6 +99,14 @@ echo "== 4. host-side diagnostics"
 timeout 45 "$PY" scripts/gpu_diag.py all 2>&1 | tee "$OUT_DIR/gpu_diag.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] || { echo "gpu_check: diagnostics failed (exit $rc; 124 = over 45 s)" >&2; status=1; }
+fi
+
+if step 5; then
+echo "== 5. the cascade's own work per cycle, rows on the host and on the GPU"
+timeout 40 bash -c "for rows in host cuda; do \"$PY\" -m benchmarks.host_work --repeats 1 --generations 1 \
+  --rows \$rows --out \"$OUT_DIR\" --stem host-work-\$rows || exit; done" 2>&1 | tee "$OUT_DIR/host_work.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 0 ] || { echo "gpu_check: host work failed (exit $rc; 124 = over 40 s)" >&2; status=1; }
 fi
 
 echo "== done in $(( $(date +%s) - start )) s, exit $status; results in $OUT_DIR"

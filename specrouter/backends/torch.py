@@ -121,7 +121,7 @@ class TorchBackend(ForwardBackend):
         """rows_on_device: hand the cascade its logits rows as tensors left on the device,
         which the cascade then warps, samples and verifies there (cascade/torch_rows.py);
         False copies them to host numpy. None (default): on the device unless it is a CPU,
-        where numpy's row work is the faster (and the cascade's reference)."""
+        where the copy costs nothing and numpy's row work is the faster (docs/host-work.md)."""
         path = Path(path)
         dev, tdtype = self._check_runtime(device, dtype, n_threads)
         if not path.is_dir():

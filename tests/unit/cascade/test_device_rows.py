@@ -25,8 +25,7 @@ from specrouter.engine import generate  # noqa: E402
 
 from ..router_synth import make_router, simulated_clock  # noqa: E402
 from ..tiny_torch import tiny_backend  # noqa: E402
-from .test_sampling_exactness import (  # noqa: E402
-    ALPHA, PROMPT, VOCAB, BelowHalf, empirical_counts, exact_distribution, goodness_of_fit)
+from .test_sampling_exactness import ALPHA, PROMPT, VOCAB, BelowHalf, output_pvalue  # noqa: E402
 
 
 class TensorRows(SyntheticBackend):
@@ -81,18 +80,13 @@ CASES = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "params"), CASES, ids=[f"{n}-{p}" for n, p in CASES])
 def test_device_rows_output_follows_target_distribution(name, params):
-    chain = chains()[name]
-    exact = exact_distribution(chain.target, params)
-    pvalue = goodness_of_fit(exact, empirical_counts(chain, params, seed=1234))
+    pvalue = output_pvalue(chains()[name], params)
     assert pvalue > ALPHA, f"{name}: output deviates from the target distribution (p = {pvalue:.2e})"
 
 
 @pytest.mark.slow
 def test_broken_residual_is_detected_on_device_rows():
-    chain = chains()["3-level"]
-    params = SamplingParams(temperature=1.0)
-    counts = empirical_counts(chain, params, seed=1234, residual_fn=lambda p, q, x: p)
-    pvalue = goodness_of_fit(exact_distribution(chain.target, params), counts)
+    pvalue = output_pvalue(chains()["3-level"], SamplingParams(temperature=1.0), residual_fn=lambda p, q, x: p)
     assert pvalue < 1e-6, f"a broken residual went unnoticed (p = {pvalue:.2e})"
 
 

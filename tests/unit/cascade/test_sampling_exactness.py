@@ -90,6 +90,11 @@ def goodness_of_fit(exact: dict, counts: dict, runs: int = RUNS) -> float:
     return chisquare(observed, expected).pvalue
 
 
+def output_pvalue(chain: Chain, params: SamplingParams, **kw) -> float:
+    """The goodness-of-fit p-value of RUNS outputs of `chain` (seed 1234) against its target's law."""
+    return goodness_of_fit(exact_distribution(chain.target, params), empirical_counts(chain, params, seed=1234, **kw))
+
+
 class BelowHalf:
     """A draft stop that ends the draft after a token drawn with probability below 1/2: it
     depends on the drawn token itself, which must not bias the output (chain docstring)."""
@@ -128,9 +133,7 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "params"), CASES, ids=[f"{n}-{p}" for n, p in CASES])
 def test_chain_output_follows_target_distribution(name, params):
-    chain = chains()[name]
-    exact = exact_distribution(chain.target, params)
-    pvalue = goodness_of_fit(exact, empirical_counts(chain, params, seed=1234))
+    pvalue = output_pvalue(chains()[name], params)
     assert pvalue > ALPHA, f"{name}: output deviates from the target distribution (p = {pvalue:.2e})"
 
 
@@ -140,9 +143,5 @@ def test_broken_residual_is_detected():
     def full_p_instead_of_residual(p, q, proposed):
         return p
 
-    chain = chains()["3-level"]
-    params = SamplingParams(temperature=1.0)
-    exact = exact_distribution(chain.target, params)
-    counts = empirical_counts(chain, params, seed=1234, residual_fn=full_p_instead_of_residual)
-    pvalue = goodness_of_fit(exact, counts)
+    pvalue = output_pvalue(chains()["3-level"], SamplingParams(temperature=1.0), residual_fn=full_p_instead_of_residual)
     assert pvalue < 1e-6, f"a broken residual went unnoticed (p = {pvalue:.2e})"
