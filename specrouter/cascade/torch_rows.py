@@ -132,7 +132,7 @@ class TorchOps:
 
     @torch.inference_mode()
     def host(self, rows: Any) -> np.ndarray:
-        return _block(rows).cpu().numpy() if not isinstance(rows, torch.Tensor) else rows.cpu().numpy()
+        return (rows if isinstance(rows, torch.Tensor) else torch.stack(list(rows))).cpu().numpy()
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
