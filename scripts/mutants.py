@@ -164,14 +164,14 @@ MUTANTS = [
     Mutant("torch-residual-keeps-x", "rows on a device: an n-gram draft's residual keeps the rejected token",
            (Edit(TORCH_ROWS, "r[token] = 0.0", "r[token] = r[token]"),)),
     Mutant("torch-top-p-one-short", "rows on a device: top-p keeps one token fewer than the smallest set reaching top_p",
-           (Edit(TORCH_ROWS, "cut = (cumulative < top_p - _TOP_P_MARGIN).sum(dim=-1, keepdim=True) + 1",
-                 "cut = (cumulative < top_p - _TOP_P_MARGIN).sum(dim=-1, keepdim=True).clamp(min=1)"),)),
+           (Edit(TORCH_ROWS, "cut = (cumulative < top_p - TOP_P_MARGIN).sum(dim=-1, keepdim=True) + 1",
+                 "cut = (cumulative < top_p - TOP_P_MARGIN).sum(dim=-1, keepdim=True).clamp(min=1)"),)),
     Mutant("torch-acceptance-wrong-row", "rows on a device: the acceptance test reads p(x) of the next position's row",
            (Edit(TORCH_ROWS, "for row, t, ok in zip(rows, tokens, inside)])",
                  "for row, t, ok in zip(rows[1:] + rows[:1], tokens, inside)])"),), slow=True),
     Mutant("top-p-one-short", "top-p keeps one token fewer than the smallest set reaching top_p",
-           (Edit("specrouter/cascade/sampling.py", "cut = int(cumulative.searchsorted(top_p - 1e-12)) + 1",
-                 "cut = max(1, int(cumulative.searchsorted(top_p - 1e-12)))"),)),
+           (Edit("specrouter/cascade/sampling.py", "cut = int(cumulative.searchsorted(top_p - TOP_P_MARGIN)) + 1",
+                 "cut = max(1, int(cumulative.searchsorted(top_p - TOP_P_MARGIN)))"),)),
 ]
 
 

@@ -21,6 +21,8 @@ from specrouter.errors import InvalidParameterError
 # forward. The nucleus almost always lies inside the top few hundred tokens, so we
 # sort those first and fall back to the full sort only when they do not reach top_p.
 _TOP_P_CANDIDATES = 512
+#: Top-p keeps tokens until their cumulative mass reaches top_p less this (float rounding of the sum).
+TOP_P_MARGIN = 1e-12
 
 
 #: The range of a logit_bias value (OpenAI's).
@@ -141,7 +143,7 @@ def _top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
         order = (-probs).argsort(kind="stable")
     cumulative = probs[order].cumsum()
     # First index where the cumulative mass reaches top_p; keep up to and including it.
-    cut = int(cumulative.searchsorted(top_p - 1e-12)) + 1
+    cut = int(cumulative.searchsorted(top_p - TOP_P_MARGIN)) + 1
     kept = order[:cut]
     out = np.zeros(n, dtype=probs.dtype)
     out[kept] = probs[kept]

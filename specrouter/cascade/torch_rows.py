@@ -26,10 +26,7 @@ import numpy as np
 import torch
 
 from specrouter.cascade import rows as _rows
-from specrouter.cascade.sampling import _FLOAT32_MAX_INVERSE_TEMPERATURE, SamplingParams
-
-#: top-p's exactness margin, sampling._top_p_filter's.
-_TOP_P_MARGIN = 1e-12
+from specrouter.cascade.sampling import _FLOAT32_MAX_INVERSE_TEMPERATURE, TOP_P_MARGIN, SamplingParams
 
 
 def _block(rows: Any) -> torch.Tensor:
@@ -140,7 +137,7 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     index order, as sampling._top_p_filter's stable sort)."""
     ranked, order = probs.sort(dim=-1, descending=True, stable=True)
     cumulative = ranked.cumsum(dim=-1)
-    cut = (cumulative < top_p - _TOP_P_MARGIN).sum(dim=-1, keepdim=True) + 1
+    cut = (cumulative < top_p - TOP_P_MARGIN).sum(dim=-1, keepdim=True) + 1
     kept = torch.arange(probs.shape[-1], device=probs.device) < cut
     out = torch.zeros_like(probs).scatter_(-1, order, ranked * kept)
     return out / out.sum(dim=-1, keepdim=True)
