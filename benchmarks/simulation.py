@@ -227,9 +227,10 @@ def main() -> None:
                     help="batch sizes predicted on the roofline profiles ('' for none)")
     ap.add_argument("--phases", choices=list(PHASES), default="in-phase",
                     help="which models a step of the batch scheduler calls (engine/phase.py)")
-    ap.add_argument("--host-ms", type=HostCosts.parse_ms, default=NO_HOST, metavar="CALL,ROW[,CHOICE]",
+    ap.add_argument("--host-ms", type=HostCosts.parse_ms, default=NO_HOST, metavar="CALL,ROW[,CHOICE[,REUSE]]",
                     help="price the engine's own work: ms per sequence in a call, ms per row (docs/host-work.md), "
-                         "and ms per router choice (benchmarks/router_work.py); default: not priced")
+                         "ms per router choice that deliberates and per choice that reuses a recent decision "
+                         "(router/pacing.py; benchmarks/router_work.py); default: not priced")
     ap.add_argument("--gpu-profile", type=Path, action="append", default=[], metavar="FILE",
                     help="also predict on this measured cost profile (scripts/gpu_check.sh's gpu_cost_profile.json)")
     ap.add_argument("--no-rooflines", action="store_true", help="skip the roofline profiles")

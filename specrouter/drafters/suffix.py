@@ -149,6 +149,12 @@ class SuffixIndex:
         candidates = len(alive)
         tokens: list[int] = []
         for j in range(n):
+            if len(alive) == 1:  # one occurrence left: the rest is its copy, no vote
+                e = alive[0]
+                tokens += [int(t) for t in context[e + 1 + j: min(e + 1 + n, size)]]
+                while len(tokens) < n:  # it runs into the context's end: the copy overlaps itself
+                    tokens.append(_at(context, tokens, e + 1 + len(tokens)))
+                break
             votes: dict[int, int] = {}
             for e in alive:  # latest first: a tie keeps the latest occurrence's token
                 t = _at(context, tokens, e + 1 + j)

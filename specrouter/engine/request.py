@@ -105,6 +105,9 @@ class ChainRouter(CycleObserver, Protocol):
         committed tokens (read-only, for a drafter's shadow lookup); forced: the tokens the
         request's grammar forces next (what a model-free drafter would propose)."""
 
+    def on_choice(self, seconds: float) -> None:
+        """seconds: the time the last choose() took, on the request's clock."""
+
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
         """new_tokens: what the target emitted this cycle; seconds: the cycle's time."""
 
@@ -116,6 +119,8 @@ class ChainRouter(CycleObserver, Protocol):
     #: Sequences that advance together with this one (set before choose by the batch driver).
     batch_size: int
     decisions: list
+    #: Whether the last choose() deliberated (False: it reused a decision, or chooses nothing).
+    deliberated: bool
 
 
 class FixedChain:
@@ -124,6 +129,7 @@ class FixedChain:
 
     decisions: list = []
     batch_size = 1
+    deliberated = False
 
     def __init__(self, chain: Chain) -> None:
         if chain.eos_ids != chain.target.eos_ids:
@@ -152,6 +158,9 @@ class FixedChain:
         pass
 
     def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match_class=None) -> None:
+        pass
+
+    def on_choice(self, seconds: float) -> None:
         pass
 
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
@@ -285,8 +294,10 @@ class SequenceRun:
             return None
         self.router.batch_size = batch_size
         forced = self.constraint.forced([]) if self.constraint is not None else ()
+        start = self.clock()
         current = self.router.choose(len(self.context), self.room, self.state.committed_lengths(self.context),
                                      self.context, forced)
+        self.router.on_choice(self.clock() - start)
         levels = [self.stats.setdefault(lv.name, LevelStats(lv.name)) for lv in current.levels]
         if self.history is not None:
             self.history.sync(self.context)

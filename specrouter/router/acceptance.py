@@ -340,8 +340,11 @@ class AcceptanceEstimator:
         `names`, as those calls give them one at a time, in one pass: each pair's prior is
         computed once, and the counts and rates of the middle pairs the priors read once for
         all (a router measures every pair before every cycle; one at a time, the priors'
-        loops over the names were most of its work)."""
-        counts = {(a, b): self.count(a, b) for a in names for b in names if a != b}
+        loops over the names were most of its work). A middle needs both its pairs observed
+        (count() > 0): the observed pairs are read off the estimates held, not counted per
+        pair of names."""
+        observed = {(j, i) for mode, j, i in self.global_ if mode == self.mode and self.global_[(mode, j, i)].count}
+        observed.update(pair for pair, r in self.request.items() if r.weight_at(self.position))
         plain: dict[tuple[str, str], float] = {}
 
         def rate(j: str, i: str) -> float:  # rate(j, i) without names: its prior is the default
@@ -352,14 +355,14 @@ class AcceptanceEstimator:
 
         out = EstimateTable({}, {}, {}, {})
         for j, i in pairs:
-            middles = [m for m in names if m not in (j, i) and counts[(j, m)] > 0 and counts[(m, i)] > 0]
+            middles = [m for m in names if m not in (j, i) and (j, m) in observed and (m, i) in observed]
             prior = self._prior_through(j, i, middles, rate)
             g = self.global_.get((self.mode, j, i))
             rate_ji = out.rate[(j, i)] = self._shrunk(j, i, g.mean if g and g.count else prior)
             low, high = self._shifted(j, i, prior, -z), self._shifted(j, i, prior, z)
             out.cautious[(j, i)] = 0.0 if low is None else low
             out.bold[(j, i)] = rate_ji if high is None else high
-            out.count[(j, i)] = counts[(j, i)]
+            out.count[(j, i)] = self.count(j, i)
         return out
 
     def fill(self, proposer: str, verifier: str) -> float:

@@ -226,6 +226,23 @@ class Plan:
         return Scored(spec, self.predict(spec, kind, room, cls))
 
 
+class LengthHints:
+    """The last best draft lengths found per (chain, acceptance table, match class), shared by a
+    router's sessions: a request's first plan of a chain searches around what earlier requests
+    found (a local search, a tenth of a full one) instead of the whole grid; the planner's
+    periodic full search still guards against a local optimum."""
+
+    def __init__(self) -> None:
+        self._lengths: dict[tuple[tuple[str, ...], Rates, str | None], tuple[int, ...]] = {}
+
+    def get(self, names: tuple[str, ...], kind: Rates, cls: str | None) -> tuple[int, ...] | None:
+        return self._lengths.get((names, kind, cls))
+
+    def record(self, plans: dict[tuple[str, ...], Scored], kind: Rates, cls: str | None) -> None:
+        for names, scored in plans.items():
+            self._lengths[(names, kind, cls)] = scored.spec.draft_lengths
+
+
 @dataclass(frozen=True)
 class DecisionInputs:
     """What a decision was made from, as `--explain` shows it (milliseconds, rounded)."""

@@ -8,7 +8,10 @@ pair, the cost model's snapshot, the Python cost per row, the room and the batch
 Cheap per cycle: draft lengths are searched again only when an input moved enough (an
 acceptance by > RATE_TOLERANCE, a cost relative to the target's by > COST_TOLERANCE; for such
 small moves at most every PLAN_EVERY cycles, for BIG_MOVE tolerances at once), and then locally
-around the last optimum (a full search every FULL_SEARCH_EVERY re-plans). The n-gram level's
+around the last optimum (a full search every FULL_SEARCH_EVERY re-plans). A chain this request
+has not planned yet starts from the lengths the router's other sessions found last
+(plan.LengthHints), so a new request's first plans are local searches too; a full search only
+where no session planned the chain yet. The n-gram level's
 acceptance is kept per suffix-match class: its chains are planned per class, lazily (when a
 cycle with that class first needs them after a re-plan), and a move of one class's estimates
 re-plans that class only (every shadow score moves a class's per-request estimate by ~0.1, and
@@ -29,7 +32,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.plan import Pair, Plan, PlanInputs, Rates, Scored, level_key
+from specrouter.router.plan import LengthHints, Pair, Plan, PlanInputs, Rates, Scored, level_key
 from specrouter.router.costs import OnlineCosts
 
 EXPLORE_BONUS = 0.5
@@ -49,10 +52,12 @@ class Planner:
 
     def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str, grid: Sequence[int],
                  drafts: Sequence[str], lookup: str | None = None, match_keys: Sequence[str] = (),
-                 lookup_grid: Sequence[int] = ()) -> None:
+                 lookup_grid: Sequence[int] = (), hints: LengthHints | None = None) -> None:
         """lookup: the model-free level (None: none), whose estimates go by match_keys and
-        whose draft lengths are searched over lookup_grid (empty: the grid)."""
+        whose draft lengths are searched over lookup_grid (empty: the grid); hints: the last
+        lengths of the router's sessions (shared; default this planner's own)."""
         self.acceptance, self.costs, self.target, self.grid = acceptance, costs, target, tuple(grid)
+        self.hints = hints or LengthHints()
         self.lookup_grid = tuple(lookup_grid)
         #: The longest draft any level may be asked for.
         self.longest = max(self.grid + self.lookup_grid)
@@ -126,7 +131,7 @@ class Planner:
         self._class_planned_at = {}
         self._inputs = inputs
         self.replans += 1
-        full = self.replans % FULL_SEARCH_EVERY == 1
+        full = self.replans % FULL_SEARCH_EVERY == 0  # the first plan starts from the hints
         # The n-gram chains keep their draft lengths, re-scored when a cycle of their class
         # needs them; their lengths are searched again when their own estimates move
         # (_replan_class), at the periodic full search and when the problem changed (room,
@@ -215,12 +220,14 @@ class Planner:
         p = self.plan
 
         def plan(names, kind, plans):
-            if names in plans and not p.full:
+            if p.full:
+                return p.best_lengths(names, kind, None, cls)
+            if names in plans:
                 spec = plans[names].spec
                 if rescore:
                     return Scored(spec, p.predict(spec, kind, p.window, cls))
                 return p.best_lengths(names, kind, spec.draft_lengths, cls)
-            return p.best_lengths(names, kind, None, cls)
+            return p.best_lengths(names, kind, self.hints.get(names, kind, cls), cls)
 
         best = {names: plan(names, Rates.ESTIMATE, previous[0]) for names in chains}
         optimistic = {}
@@ -228,6 +235,8 @@ class Planner:
             pairs = self.pairs_to_probe(names, cls)
             if any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in p.inputs.stale for j, i in pairs):
                 optimistic[names] = plan(names, Rates.OPTIMISTIC, previous[1])
+        self.hints.record(best, Rates.ESTIMATE, cls)
+        self.hints.record(optimistic, Rates.OPTIMISTIC, cls)
         return best, optimistic
 
     def score(self, s: Scored, position: int, horizon: int, cached: Mapping[str, int], batch: int) -> Scored:

@@ -61,6 +61,10 @@ at its planned length: the rule weighs every fixed continuation from where it st
 (a rollout of the fixed lengths), so it does at least about as well as the planned one.
 A probe drafts its planned length: it is there to measure the pair.
 
+Pacing (pacing.py): where the choice itself costs more than FRACTION of the cycles it steers
+(a GPU's, in batches), a session reuses a recent decision of the router's sessions for the
+same kind of cycle instead of deliberating; on a CPU every choice deliberates.
+
 Any chain choice made before a cycle keeps the output exact
 (each cycle emits tokens distributed as the target's, whatever chain produced them).
 """
@@ -81,7 +85,8 @@ from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.draft_stop import ConfidenceStop
 from specrouter.router.observe import CycleLearner
-from specrouter.router.plan import Decision, DecisionInputs, Plan, Rates, Scored, level_key, match_key
+from specrouter.router.pacing import ChoicePacing, Kind
+from specrouter.router.plan import Decision, DecisionInputs, LengthHints, Plan, Rates, Scored, level_key, match_key
 from specrouter.router.lengths import AnswerLengths
 from specrouter.router.planner import Planner
 from specrouter.router.store import RouterStore
@@ -145,6 +150,8 @@ class Router:
         scope: MemoryScope = MemoryScope(),
         lengths: AnswerLengths | None = None,
         budget: ProbeBudget | None = None,
+        hints: LengthHints | None = None,
+        pacing: ChoicePacing | None = None,
     ) -> None:
         """use_ngram: route a model-free level too, the drafter `lookup` names (MODEL_FREE);
         confidence_stop: a model drafting for the
@@ -153,7 +160,9 @@ class Router:
         memory every session reads and feeds (drafters/memory.py; the lookup must be one that
         reads it), in `scope` (a session's request: its partition, or opted out); lengths: how
         long recent answers ran (shared by sessions: the horizon of one-time costs); budget:
-        the probes' account (shared by sessions; default a fresh one at explore_fraction)."""
+        the probes' account (shared by sessions; default a fresh one at explore_fraction); hints:
+        the draft lengths sessions found last (shared: a request's first plans start there);
+        pacing: how often sessions deliberate and their recent decisions (shared; pacing.py)."""
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
@@ -189,8 +198,14 @@ class Router:
         if self.lookup_drafter:
             self._levels[self.lookup_drafter.name] = self.lookup_drafter
             match_keys = [match_key(self.lookup_drafter.name, c) for c in self.lookup_drafter.classes]
+        #: The last best draft lengths of this router's sessions (plan.LengthHints).
+        self.hints = hints or LengthHints()
+        #: How often this router's sessions deliberate (pacing.py), shared by them.
+        self.pacing = pacing or ChoicePacing()
+        #: Whether the last choice deliberated (False: it reused a recent decision).
+        self.deliberated = True
         self.planner = Planner(self.acceptance, costs, target.name, self.grid, [m.name for m in self.drafts],
-                               self.lookup, match_keys, self.lookup_grid)
+                               self.lookup, match_keys, self.lookup_grid, self.hints)
         self._chain_objs: dict[ChainSpec, Chain] = {}
         self.decisions: list[Decision] = []
         self.current: ChainSpec | None = None
@@ -206,12 +221,12 @@ class Router:
         objects carrying its own draft stop, its request's memory scope), and the objects
         every request shares: the models, the cost model, the global
         acceptance estimates (a view), the draft stop's calibration, the memory, the answer
-        lengths and the probes' budget."""
+        lengths, the probes' budget, the draft-length hints and the pacing."""
         return Router(self.target, self.drafts, self.costs, self.acceptance.view(), self.lookup_drafter is not None,
                       self.grid, self.hysteresis, self.explore_fraction, self.message,
                       self.draft_stop is not None, shared_stop=self.draft_stop,
                       lookup=self.lookup or NGRAM_NAME, memory=self.memory, scope=scope, lengths=self.lengths,
-                      budget=self.budget)
+                      budget=self.budget, hints=self.hints, pacing=self.pacing)
 
     @property
     def chains(self) -> list[tuple[str, ...]]:
@@ -298,6 +313,16 @@ class Router:
                 x, self._ngram_key = found.tokens, match_key(free.name, free.match_class(found))
         self.learner.begin(x, self._ngram_key)
         self._cycle += 1
+        # While the target catches up (the first cycle prefills the prompt) the session
+        # deliberates and probes nothing: that time is everyone's, and a probe's cost is
+        # measured as its cycle's excess. After a probe it deliberates on what it measured.
+        target_ready = cached.get(self.target.name, 0) >= position - 1
+        kind = Kind.of(self._row_kind, self.batch_size, self._ngram_key)
+        reused = self._reusable(kind, position, room, cached) if target_ready and self._probe is None else None
+        self.deliberated = reused is None
+        if reused is not None:
+            self.current = reused.spec
+            return self._armed(reused, position, cached)
         self.planner.refresh(room, self.batch_size, self._row_kind, self._cycle, now=self._probe is not None)
         best_plans, optimistic = self.planner.plans(self._ngram_key)
         ranked = sorted((self._score(s, position, room, cached) for s in best_plans.values()), key=lambda s: s.score)
@@ -318,9 +343,6 @@ class Router:
                 chosen, reason = current, "keep"
         elif self.current is not None:
             reason = "switch"
-        # No probe while the target catches up (the first cycle prefills the prompt): that
-        # time is everyone's, and a probe's cost is measured as its cycle's excess.
-        target_ready = cached.get(self.target.name, 0) >= position - 1
         probe = None
         if target_ready:
             # Candidates: chains with a barely observed or stale pair, scored optimistically, and
@@ -336,7 +358,22 @@ class Router:
         if reason != "keep" or not self.decisions:
             self._record(chosen.spec, reason, position, ranked)
         self.current = chosen.spec
+        self.pacing.made(kind, chosen)
         return self._armed(chosen, position, cached)
+
+    def _reusable(self, kind: Kind, position: int, room: int, cached: Mapping[str, int]) -> Scored | None:
+        """A recent decision of this router's sessions for this kind of cycle that costs this
+        session nothing a deliberation would have weighed (pacing.py); None: deliberate."""
+        recent = self.pacing.recent(kind)
+        if recent is None or self._plan is None or recent.spec.names not in self.chains:
+            return None
+        # (A chain cuts its top-level draft to the room itself: a decision made with more room
+        # runs as it would have been planned for less, a little less well.)
+        return recent if self._score(recent, position, room, cached).catch_up == 0 else None
+
+    def on_choice(self, seconds: float) -> None:
+        """The engine timed the last choice (the pacing's d when it deliberated)."""
+        self.pacing.timed(seconds, self.deliberated)
 
     def _stops(self, names: Sequence[str]) -> bool:
         """Whether the chain's draft ends on its confidence: a model drafting for the target."""
@@ -469,6 +506,7 @@ class Router:
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
         """After a cycle: what the target emitted and how long the cycle took."""
         self.budget.elapsed += seconds  # each session of a batch adds the cycle: B times in all
+        self.pacing.on_cycle(seconds)
         self._output += new_tokens
         if self._probe is not None:
             spec, best_rate = self._probe

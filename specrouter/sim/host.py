@@ -15,10 +15,12 @@ overcharge where a drafter catches up, which only makes drafting look dearer.
 Fitted from benchmarks/host_work.py (models that cost nothing): greedy target alone =
 per_call + per_row; a model draft of k plus its verification = (k + 1) calls and 2k + 1
 rows. Those chains are fixed: the router's choice before every cycle of a routed sequence
-is priced apart, per_choice a choice (benchmarks/router_work.py measures it), by
-PricedChoices: the clock advances before the choice returns, so, as for real, the time is
-in no forward's timing and no cycle's (the router does not learn it as a model's cost) but
-in the request's, and a batch's sequences choose one after another.
+is priced apart, per_choice a deliberation and per_reuse a choice that reused a recent
+decision (router/pacing.py; benchmarks/router_work.py measures both), by PricedChoices: the
+clock advances before the choice returns, so, as for real, the time is in no forward's
+timing and no cycle's (the router does not learn it as a model's cost) but in the request's,
+which times the choice and tells the router (on_choice: the pacing's d), and a batch's
+sequences choose one after another.
 """
 
 from __future__ import annotations
@@ -37,10 +39,11 @@ from specrouter.errors import InvalidParameterError
 class HostCosts:
     per_call: float = 0.0  # seconds per sequence in a call
     per_row: float = 0.0  # seconds per row (token) of a call
-    per_choice: float = 0.0  # seconds per cycle of a routed sequence (the router's choice)
+    per_choice: float = 0.0  # seconds per deliberated choice of a routed sequence
+    per_reuse: float = 0.0  # seconds per choice that reused a recent decision (router/pacing.py)
 
     def __post_init__(self) -> None:
-        for name in ("per_call", "per_row", "per_choice"):
+        for name in ("per_call", "per_row", "per_choice", "per_reuse"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1:
                 raise InvalidParameterError(f"host {name} must be seconds in [0, 1), got {value!r}")
@@ -50,22 +53,24 @@ class HostCosts:
 
     @classmethod
     def parse_ms(cls, text: str) -> HostCosts:
-        """'CALL,ROW' or 'CALL,ROW,CHOICE' in milliseconds (e.g. '0.075,0.015,1.2')."""
+        """'CALL,ROW', 'CALL,ROW,CHOICE' or 'CALL,ROW,CHOICE,REUSE' in milliseconds (e.g.
+        '0.075,0.015,1.2' or '0.075,0.015,0.6,0.1')."""
         parts = text.split(",")
         try:
-            if len(parts) not in (2, 3):
+            if len(parts) not in (2, 3, 4):
                 raise ValueError
             values = [float(p) / 1e3 for p in parts]
         except ValueError:
-            raise InvalidParameterError(f"host costs must be 'CALL_MS,ROW_MS' or 'CALL_MS,ROW_MS,CHOICE_MS', "
-                                        f"got {text!r}") from None
+            raise InvalidParameterError(f"host costs must be 'CALL_MS,ROW_MS', 'CALL_MS,ROW_MS,CHOICE_MS' or "
+                                        f"'CALL_MS,ROW_MS,CHOICE_MS,REUSE_MS', got {text!r}") from None
         return cls(*values)
 
     def label(self) -> str:
         if self == NO_HOST:
             return "not priced"
         text = f"{self.per_call * 1e3:g} ms per call + {self.per_row * 1e3:g} ms per row"
-        return text + (f" + {self.per_choice * 1e3:g} ms per router choice" if self.per_choice else "")
+        text += f" + {self.per_choice * 1e3:g} ms per router choice" if self.per_choice else ""
+        return text + (f" + {self.per_reuse * 1e3:g} ms per reused choice" if self.per_reuse else "")
 
 
 #: The default: the engine's own work is free (the device profile alone).
@@ -73,12 +78,14 @@ NO_HOST = HostCosts()
 
 
 class PricedChoices:
-    """A router whose every choice first advances a simulated clock by `seconds` (`charge`
-    does it): the host time of the router's choice (see the module docstring). Everything
+    """A router whose every choice advances a simulated clock before it returns (`charge`
+    does it) by `seconds` where it deliberated and `reuse_seconds` where it reused a recent
+    decision: the host time of the router's choice (see the module docstring). Everything
     else is the router's own."""
 
-    def __init__(self, router: ChainRouter, seconds: float, charge: Callable[[float], None]) -> None:
-        self.router, self.seconds, self.charge = router, seconds, charge
+    def __init__(self, router: ChainRouter, seconds: float, charge: Callable[[float], None],
+                 reuse_seconds: float = 0.0) -> None:
+        self.router, self.seconds, self.charge, self.reuse_seconds = router, seconds, charge, reuse_seconds
 
     @property
     def target(self) -> Backend:
@@ -93,6 +100,10 @@ class PricedChoices:
         return self.router.decisions
 
     @property
+    def deliberated(self) -> bool:
+        return self.router.deliberated
+
+    @property
     def batch_size(self) -> int:
         return self.router.batch_size
 
@@ -105,8 +116,12 @@ class PricedChoices:
 
     def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int],
                forced: Sequence[int] = ()) -> Chain:
-        self.charge(self.seconds)
-        return self.router.choose(position, room, cached, context, forced)
+        chain = self.router.choose(position, room, cached, context, forced)
+        self.charge(self.seconds if self.router.deliberated else self.reuse_seconds)
+        return chain
+
+    def on_choice(self, seconds: float) -> None:
+        self.router.on_choice(seconds)
 
     def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False, batch: int = 1) -> None:
         self.router.on_forward(level, n_tokens, seconds, shared, batch)

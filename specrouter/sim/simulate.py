@@ -40,6 +40,7 @@ from specrouter.errors import SpecRouterError
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.build import build_router
 from specrouter.router.costs import CostProfile, OnlineCosts
+from specrouter.router.pacing import ChoicePacing
 from specrouter.router.scheduler import Router
 from specrouter.sim.host import NO_HOST, HostCosts, PricedChoices
 from specrouter.sim.trace import Trace
@@ -93,7 +94,7 @@ class Replay:
         vocabulary = Vocabulary.of(scripts, tracks.values(), trace.eos_ids)
 
         self.host = host
-        self.choices_seconds = 0.0  # the routers' choices so far (host.per_choice each), on the clock
+        self.choices_seconds = 0.0  # the routers' choices so far (host.per_choice / per_reuse each), on the clock
 
         def backend(name: str) -> ReplayBackend:
             return ReplayBackend(name, scripts, latency=lambda n: profile.seconds(name, n) + host.seconds(1, n),
@@ -110,12 +111,13 @@ class Replay:
 
     def priced(self, method: Chain | ChainRouter) -> Chain | ChainRouter:
         """`method` as it runs in the replay: a router's choices priced at host.per_choice
-        (sim/host.py), a fixed chain as it is (it chooses nothing)."""
-        if isinstance(method, Chain) or not self.host.per_choice:
+        and per_reuse (sim/host.py), a fixed chain as it is (it chooses nothing)."""
+        if isinstance(method, Chain) or not (self.host.per_choice or self.host.per_reuse):
             return method
-        return PricedChoices(method, self.host.per_choice, self._charge)
+        return PricedChoices(method, self.host.per_choice, self.charge, self.host.per_reuse)
 
-    def _charge(self, seconds: float) -> None:
+    def charge(self, seconds: float) -> None:
+        """Host seconds spent outside every forward (a router's choice) advance the clock."""
         self.choices_seconds += seconds
 
     def play(self, index: int | None) -> tuple[list[int], list[int]]:
@@ -135,8 +137,10 @@ class Replay:
         levels = [MODEL_FREE[n]() if n in MODEL_FREE else by_name[n] for n in choice.names]
         return Chain(levels, list(choice.draft_lengths))
 
-    def router(self, lookup: str = DEFAULT_LOOKUP) -> Router:
-        return build_router(self.target, self.drafts, OnlineCosts(self.profile), AcceptanceEstimator(), lookup=lookup)
+    def router(self, lookup: str = DEFAULT_LOOKUP, pacing: ChoicePacing | None = None) -> Router:
+        """pacing: how often its sessions deliberate (default router/pacing.py's FRACTION)."""
+        return build_router(self.target, self.drafts, OnlineCosts(self.profile), AcceptanceEstimator(), lookup=lookup,
+                            pacing=pacing)
 
     def run(self, method: Chain | Router) -> list[Run]:
         """`method` over every request in order (SimulationError where its text is not the recorded one)."""

@@ -73,6 +73,7 @@ class ScriptedRouter:
     the position): a stress test of exactness, which must hold for any adapted choice."""
 
     decisions: list = []
+    deliberated = True
 
     def __init__(self, target, chains):
         self.target, self.chains = target, chains
@@ -93,6 +94,9 @@ class ScriptedRouter:
         pass
 
     def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match_class=None):
+        pass
+
+    def on_choice(self, seconds):
         pass
 
     def end_cycle(self, new_tokens, seconds):

@@ -9,7 +9,7 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine.batch import BatchScheduler, SeqRequest
 from specrouter.router.plan import match_key
 
-from ..router_synth import linear, make_router
+from ..router_synth import family, linear, make_router
 from ..engine.test_batch import drain, finished
 
 
@@ -55,3 +55,24 @@ def test_each_request_files_ngram_acceptance_under_its_own_match_class():
     assert {e for _, e in filed["a"]} != {e for _, e in filed["b"]}, "the requests' match histories did not differ"
     wrong = [(k, e) for k, e in both if k != e]
     assert not wrong, f"{len(wrong)} of {len(both)} blocks filed under another request's match class: {wrong[:3]}"
+
+
+def test_a_request_plans_from_the_draft_lengths_earlier_requests_found():
+    """A session's first plan of a chain is a local search from the lengths the router's
+    sessions found last (plan.LengthHints, shared), not a search of the whole grid: with the
+    same inputs it finds the same plans, from under a third of the predictions; a router of its
+    own (no shared hints) searches the whole grid again."""
+    target, mid, small = family()
+    router = make_router(target, [mid, small], use_ngram=False)
+    first, second = router.session(), router.session()
+    alone = make_router(target, [mid, small], use_ngram=False)
+    for session in (first, second, alone):
+        session.planner.refresh(room=200, batch=1, row_kind="greedy", cycle=1)
+    counts = {name: len(s.planner.plan.predictions) for name, s in (("first", first), ("second", second), ("alone", alone))}
+    assert first.planner.plans(None) == second.planner.plans(None)
+    # The other router profiled the models anew (the same costs, to rounding): the same lengths.
+    assert [{n: s.spec for n, s in plans.items()} for plans in first.planner.plans(None)] == \
+        [{n: s.spec for n, s in plans.items()} for plans in alone.planner.plans(None)]
+    assert any(len(names) == 3 for names in first.planner.plans(None)[0]), "no 3-level chain was planned"
+    assert counts["first"] == counts["alone"] and counts["second"] < counts["first"] / 3, counts
+    assert router.hints is second.hints and alone.hints is not router.hints

@@ -10,6 +10,7 @@ from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.errors import InvalidParameterError
 from specrouter.router import AcceptanceEstimator, OnlineCosts
 from specrouter.router.build import build_router
+from specrouter.router.pacing import ChoicePacing
 from specrouter.sim.batched import BatchRun, copies_for, predict_batches, serve
 from specrouter.sim.host import HostCosts
 from specrouter.sim.roofline import Device, roofline_profile
@@ -89,7 +90,8 @@ def test_in_a_simulated_batch_every_sequence_pays_its_routers_choices_one_after_
     trace = record(target, [draft], prompts(6), max_tokens=40, branch_tokens=32)
     free, priced = Replay(trace, p, price_prompt=True), Replay(trace, p, price_prompt=True,
                                                                host=HostCosts(per_choice=0.002))
-    a, b = serve(free, free.router("suffix").session, 4), serve(priced, priced.router("suffix").session, 4)
+    a = serve(free, free.router("suffix", ChoicePacing(0)).session, 4)  # every choice deliberates (no pacing)
+    b = serve(priced, priced.router("suffix", ChoicePacing(0)).session, 4)
     assert (a.tokens, a.cycles, a.drafted_cycles) == (b.tokens, b.cycles, b.drafted_cycles)
     assert b.seconds == pytest.approx(a.seconds + 0.002 * a.cycles, rel=1e-12)
     alone = ChainChoice((trace.target,), ())

@@ -14,6 +14,7 @@ from specrouter.engine import generate
 from specrouter.errors import InvalidParameterError
 from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts
 from specrouter.router.build import build_router
+from specrouter.router.pacing import ChoicePacing
 from specrouter.sim.host import HostCosts
 from specrouter.sim.roofline import DEVICES, Device, device, roofline_profile
 from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains,
@@ -279,12 +280,18 @@ def test_host_costs_out_of_range_are_refused_clearly(bad):
         HostCosts(per_row=bad)
     with pytest.raises(InvalidParameterError, match="host per_choice must be seconds in"):
         HostCosts(per_choice=bad)
+    with pytest.raises(InvalidParameterError, match="host per_reuse must be seconds in"):
+        HostCosts(per_reuse=bad)
     parsed = HostCosts.parse_ms("0.075,0.015")
-    assert (parsed.per_call, parsed.per_row, parsed.per_choice) == pytest.approx((0.075e-3, 0.015e-3, 0), rel=1e-15)
+    assert (parsed.per_call, parsed.per_row, parsed.per_choice, parsed.per_reuse) == pytest.approx(
+        (0.075e-3, 0.015e-3, 0, 0), rel=1e-15)
     assert HostCosts.parse_ms("0.075,0.015,1.2").per_choice == pytest.approx(1.2e-3, rel=1e-15)
     assert HostCosts.parse_ms("0.075,0.015,1.2").label() == "0.075 ms per call + 0.015 ms per row + 1.2 ms per router choice"
-    for text in ("0.075", "a,b", "1,2,3,4", "1,2,x"):
-        with pytest.raises(InvalidParameterError, match="host costs must be 'CALL_MS,ROW_MS' or 'CALL_MS,ROW_MS,CHOICE_MS'"):
+    assert HostCosts.parse_ms("0.075,0.015,1.2,0.03").per_reuse == pytest.approx(0.03e-3, rel=1e-15)
+    assert HostCosts.parse_ms("0.075,0.015,1.2,0.03").label().endswith("1.2 ms per router choice + 0.03 ms per reused choice")
+    for text in ("0.075", "a,b", "1,2,3,4,5", "1,2,x"):
+        with pytest.raises(InvalidParameterError, match="host costs must be 'CALL_MS,ROW_MS', 'CALL_MS,ROW_MS,CHOICE_MS' "
+                                                        "or 'CALL_MS,ROW_MS,CHOICE_MS,REUSE_MS'"):
             HostCosts.parse_ms(text)
 
 
@@ -292,10 +299,11 @@ def test_a_routers_choices_are_priced_outside_its_forwards_and_cycles(trace):
     # Each choice advances the clock before the router chooses: the router learns nothing of
     # it (the same choices, cycle by cycle), and every request takes per_choice longer per
     # cycle. A fixed chain chooses nothing and pays nothing.
+    # (Without pacing: every choice deliberates, priced or not; the next test paces them.)
     choice = 0.004
     free = Replay(trace, profile(), price_prompt=True)
     priced = Replay(trace, profile(), price_prompt=True, host=HostCosts(per_choice=choice))
-    a, b = free.run(free.router("suffix")), priced.run(priced.router("suffix"))
+    a, b = free.run(free.router("suffix", ChoicePacing(0))), priced.run(priced.router("suffix", ChoicePacing(0)))
     assert [(r.id, r.cycles, r.drafted_cycles) for r in a] == [(r.id, r.cycles, r.drafted_cycles) for r in b]
     assert 0 < sum(r.drafted_cycles for r in a) < sum(r.cycles for r in a)  # it routed: drafted, not always
     assert [r.seconds for r in b] == pytest.approx([r.seconds + choice * r.cycles for r in a], rel=1e-12)
@@ -303,3 +311,24 @@ def test_a_routers_choices_are_priced_outside_its_forwards_and_cycles(trace):
     fixed = ChainChoice(("suffix", "draft", "target"), (2, 6))
     assert [r.seconds for r in priced.run(priced.chain(fixed))] == pytest.approx(
         [r.seconds for r in free.run(free.chain(fixed))], rel=1e-12)  # (the clock's offset rounds the last bit)
+def test_a_paced_router_reuses_decisions_where_its_choice_is_dear_and_pays_each_kind(trace):
+    """A choice priced at 10 ms against cycles of ~60 ms (every = 4: a choice may take 5% of
+    them): the pacing reuses decisions in over a quarter of the cycles (a request's first and
+    last cycles deliberate; these requests are a few cycles long) (each charged its own price,
+    exactly), the answers stay the recorded ones (run() checks), and the run is faster than
+    the same router deliberating every cycle. Priced at nothing, a choice never pays to skip."""
+    host = HostCosts(per_choice=0.010, per_reuse=0.0002)
+    paced, unpaced = Replay(trace, profile(), price_prompt=True, host=host), Replay(trace, profile(), True, host)
+    router = paced.router("suffix")
+    a, b = paced.run(router), unpaced.run(unpaced.router("suffix", ChoicePacing(0)))
+    cycles = sum(r.cycles for r in a)
+    pacing = router.pacing
+    assert pacing.deliberated + pacing.reused == cycles and pacing.reused > cycles / 4, (pacing.deliberated, cycles)
+    assert paced.choices_seconds == pytest.approx(0.010 * pacing.deliberated + 0.0002 * pacing.reused, rel=1e-12)
+    assert sum(r.seconds for r in a) < sum(r.seconds for r in b)
+    free = Replay(trace, profile(), price_prompt=True)
+    router = free.router("suffix")
+    runs = free.run(router)
+    assert router.pacing.reused == 0 and router.pacing.deliberated == sum(r.cycles for r in runs)
+
+

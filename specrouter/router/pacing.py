@@ -1,0 +1,112 @@
+"""How often the router deliberates: its own choice priced against the cycles it steers.
+
+A routed sequence's choice (Router.choose: measure every pair, re-plan, rank, guard) is host
+work of d seconds before every cycle. A batch's sequences choose one after another, so a step
+of B sequences spends B d choosing before its forwards. On a CPU, where a step takes
+s = 50-1,000 ms and d ~ 0.5-1 ms, that is noise; on a GPU (s ~ 1-5 ms) it is most of the step
+(docs/host-work.md: 32 sequences spend ~20-35 ms choosing against a ~1-2 ms H200 forward).
+
+ChoicePacing keeps the choices within FRACTION of generation time per kind of cycle. A
+session deliberates at most once every
+
+    every = ceil(B d / (FRACTION s))                                                   (1)
+
+choices of the router (d: a deliberation's seconds, s: a cycle's, both exponential averages
+of what the engine timed; B: the batch), and in between it may reuse the decision a session
+of the same router made within the last `every` choices for the same kind of cycle (Kind:
+the request's row kind, which sets the acceptance tables and the row cost, the batch size
+rounded up to a power of two, which prices every forward (decisions at 17 and at 32
+sequences differ little, and a batch that fills or drains passes through every size), and
+the model-free lookup's match class, which decides whether a model-free draft can run and
+how well it does). The reusing session checks what is its own:
+the chain still runs (no model of it excluded) and no model of it must first catch up on
+tokens it missed (a catch-up is the choice's to weigh; router/planner.py prices it). Where
+the room is shorter than the decision's draft the chain cuts the draft to the room (as it
+would have been planned for the room, a little less well). Anything else deliberates: a
+request's first cycle, the cycle after a probe (whose observations the next choice must
+read), a kind not decided recently.
+
+With every = 1 (any CPU: B d / (FRACTION s) < 1) every choice deliberates, as without pacing,
+so a CPU's routing is what it was. Reused decisions are exact like any other (any chain keeps
+the output's distribution); what they give up is the request's newest evidence for at most
+`every` choices, and their counts (deliberated, reused) say how often.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from specrouter.router.plan import Scored
+
+#: Share of generation time the router's choices may take.
+FRACTION = 0.05
+#: Weight of a new timing in the averages of d and s.
+ALPHA = 0.1
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a decision was made for: another cycle of the same kind may reuse it."""
+
+    row_kind: str
+    batch: int  # rounded up to a power of two (Kind.of)
+    match: str | None  # the lookup's match class (None: no match)
+
+    @classmethod
+    def of(cls, row_kind: str, batch: int, match: str | None) -> Kind:
+        return cls(row_kind, 1 << max(0, batch - 1).bit_length(), match)
+
+
+@dataclass(frozen=True)
+class _Made:
+    scored: Scored
+    at: int  # the router's choice count when it was made
+    made: int  # deliberations for its kind so far, this one included
+
+
+class ChoicePacing:
+    """Shared by a router's sessions: the timings of (1), the recent decisions per Kind, and
+    plain counters. fraction 0: every choice deliberates."""
+
+    def __init__(self, fraction: float = FRACTION) -> None:
+        self.fraction = fraction
+        self.deliberation: float | None = None  # d of (1), seconds
+        self.cycle: float | None = None  # s of (1), seconds
+        self.choices = self.deliberated = self.reused = 0
+        self._made: dict[Kind, _Made] = {}
+
+    def every(self, batch: int) -> int:
+        """(1); 1 until both timings are known."""
+        if self.fraction <= 0 or not self.deliberation or not self.cycle:
+            return 1
+        return max(1, math.ceil(batch * self.deliberation / (self.fraction * self.cycle)))
+
+    def recent(self, kind: Kind) -> Scored | None:
+        """A decision for `kind` recent enough to reuse (None: deliberate): made within the
+        last every(batch) choices, and within the last 2^m where it is the kind's m-th (a
+        kind's first decisions rest on little evidence: they are renewed after 2, 4, 8, ...
+        choices, so a kind deliberates about log2(every) times more in all). Counts the choice."""
+        self.choices += 1
+        made = self._made.get(kind)
+        if made is None or self.choices - made.at >= min(self.every(kind.batch), 2**made.made):
+            return None
+        return made.scored
+
+    def made(self, kind: Kind, scored: Scored) -> None:
+        """A deliberation chose `scored` for `kind`."""
+        before = self._made.get(kind)
+        self._made[kind] = _Made(scored, self.choices, before.made + 1 if before else 1)
+
+    def timed(self, seconds: float, deliberated: bool) -> None:
+        """The engine timed a choice: a deliberation's time feeds d, a reuse's is not d."""
+        if deliberated:
+            self.deliberated += 1
+            self.deliberation = seconds if self.deliberation is None else \
+                self.deliberation + ALPHA * (seconds - self.deliberation)
+        else:
+            self.reused += 1
+
+    def on_cycle(self, seconds: float) -> None:
+        """A routed cycle took `seconds` (its forwards and the engine's work, not its choice)."""
+        self.cycle = seconds if self.cycle is None else self.cycle + ALPHA * (seconds - self.cycle)
