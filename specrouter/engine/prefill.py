@@ -33,6 +33,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from specrouter.errors import InvalidParameterError
+from specrouter.router.costs import ema
 
 #: Share of a decoding step's time a step may add by feeding chunks. A forward's cost climbs
 #: in steps on a CPU (llama.cpp's GEMM takes rows in groups of 4: 1 token 101 ms, +1 chunk
@@ -107,7 +108,7 @@ class ChunkedPrefill:
             self.calls, self.tokens = self.calls + 1, self.tokens + chunk_tokens
         else:
             if model not in self._long_whole:  # a prompt fed whole is no decoding step
-                state.plain = _ema(state.plain, seconds)
+                state.plain = ema(state.plain, seconds, ALPHA)
             return
         if chunk_tokens < state.size or seconds <= 0:
             return  # a last remainder says nothing about the size
@@ -121,13 +122,9 @@ class ChunkedPrefill:
     def step_done(self, seconds: float) -> None:
         """The step's calls took `seconds` in all."""
         if not (self._chunked_step or self._long_whole):  # a decoding step, no prompt fed whole
-            self._step_seconds = _ema(self._step_seconds, seconds)
+            self._step_seconds = ema(self._step_seconds, seconds, ALPHA)
 
     def _model(self, model: Hashable) -> _Model:
         if model not in self._models:  # its wait for a decoding forward starts now
             self._models[model] = _Model(last_whole=self._step)
         return self._models[model]
-
-
-def _ema(old: float | None, x: float) -> float:
-    return x if old is None else old + ALPHA * (x - old)

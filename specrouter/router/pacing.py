@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from specrouter.router.costs import ema
 from specrouter.router.plan import Scored
 
 #: Share of generation time the router's choices may take.
@@ -102,11 +103,10 @@ class ChoicePacing:
         """The engine timed a choice: a deliberation's time feeds d, a reuse's is not d."""
         if deliberated:
             self.deliberated += 1
-            self.deliberation = seconds if self.deliberation is None else \
-                self.deliberation + ALPHA * (seconds - self.deliberation)
+            self.deliberation = ema(self.deliberation, seconds, ALPHA)
         else:
             self.reused += 1
 
     def on_cycle(self, seconds: float) -> None:
         """A routed cycle took `seconds` (its forwards and the engine's work, not its choice)."""
-        self.cycle = seconds if self.cycle is None else self.cycle + ALPHA * (seconds - self.cycle)
+        self.cycle = ema(self.cycle, seconds, ALPHA)
