@@ -2,20 +2,25 @@
 
 Speculation counters move cycle by cycle (the worker adds BatchScheduler.take_spec_counts
 after every step), so a long request's drafting shows while it runs; request counters move
-when a request ends. Each Metrics has its own registry, so several servers (tests) in one
+when a request ends. The router's own counters (how often its sessions deliberated or reused
+a recent decision: router/pacing.py) stay where the router keeps them and are read at each
+scrape (ChoiceCollector). Each Metrics has its own registry, so several servers (tests) in one
 process never share counters. Counters are exposed with prometheus_client's `_total` suffix, as vLLM's are
 (e.g. specrouter:spec_decode_num_draft_tokens_total{level="qwen2.5-coder-0.5b"}).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from specrouter.cascade.chain import LevelStats
 from specrouter.engine.batch import KvUse
 from specrouter.engine.request import GenerationResult
+from specrouter.router.pacing import ChoicePacing
 
 # vLLM's buckets: from one fast token to a long prompt on a busy CPU.
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -67,6 +72,10 @@ class Metrics:
         self.chain_cycles = Counter(p + "spec_decode_chain_cycles", "Cycles run per chain (the router's choices).",
                                     ["chain"], registry=reg)
 
+    def watch_choices(self, pacing: ChoicePacing) -> None:
+        """Export the choices of the router whose sessions share `pacing` (once per router)."""
+        self.registry.register(ChoiceCollector(pacing))
+
     def kv(self, use: Mapping[str, KvUse]) -> None:
         """The live KV use per model (after every scheduler step); a model no sequence holds reads 0."""
         for name in self._kv_models - use.keys():
@@ -99,3 +108,27 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ChoiceCollector(Collector):
+    """A router's choices, read off its ChoicePacing at each scrape (the router keeps the
+    counts; this only exports them): routed cycles that deliberated or reused a recent
+    decision (a fixed chain's cycles choose nothing and count in neither), and the two
+    timings that set how often it deliberates (absent until measured)."""
+
+    def __init__(self, pacing: ChoicePacing) -> None:
+        self.pacing = pacing
+
+    def collect(self) -> Iterator[Metric]:
+        p = self.pacing
+        choices = CounterMetricFamily("specrouter:router_choices", "Routed cycles by how their chain was chosen: "
+                                      "deliberated (measured, planned, ranked) or reused (a recent decision for "
+                                      "the same kind of cycle).", labels=["decision"])
+        choices.add_metric(["deliberated"], p.deliberated)
+        choices.add_metric(["reused"], p.reused)
+        yield choices
+        for name, seconds, what in (("router_choice_seconds", p.deliberation, "a deliberation"),
+                                    ("router_cycle_seconds", p.cycle, "a routed cycle without its choice")):
+            if seconds is not None:
+                yield GaugeMetricFamily("specrouter:" + name, f"Exponential average of the seconds {what} took.",
+                                        value=seconds)

@@ -25,6 +25,9 @@ class Engine:
     router: Router
     target: Backend
 
+    def __post_init__(self) -> None:
+        self.service.metrics.watch_choices(self.router.pacing)  # its /metrics shows how the router chose
+
 
 @contextmanager
 def build_engine(config: ServeConfig) -> Iterator[Engine]:

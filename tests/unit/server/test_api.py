@@ -5,16 +5,21 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..server_synth import MODEL, build_service, leaked_kv, reference_text, running_server, wait_until
+from ..server_synth import MODEL, build_engine, build_service, leaked_kv, reference_text, running_server, wait_until
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "write letters"}]
 
 
 @pytest.fixture(scope="module")
-def server():
-    service, models = build_service()
-    with running_server(service) as (url, _):
-        yield url, service, models
+def engine():
+    return build_engine()
+
+
+@pytest.fixture(scope="module")
+def server(engine):
+    built, models = engine
+    with running_server(built.service) as (url, _):
+        yield url, built.service, models
 
 
 @pytest.fixture(scope="module")
@@ -229,3 +234,27 @@ def test_speculation_counters_move_while_a_request_runs():
                     seen.append(samples.get(key, 0))
                     assert samples.get(("specrouter:request_success_total", (("finished_reason", "length"),)), 0) == 0
         assert 0 < seen[0] < seen[1]
+
+
+def test_metrics_count_the_routers_choices_per_routed_cycle(server, client, engine):
+    """Every cycle of an `auto` request is one choice of the router, deliberated or reused
+    (router/pacing.py); a fixed chain's cycles choose nothing. The counts are the router's own."""
+    url, pacing = server[0], engine[0].router.pacing
+    before = metric_samples(url)
+    routed = client.completions.create(model=MODEL, prompt="route these letters", max_tokens=40, temperature=0,
+                                       extra_body={"speculation": "auto"})
+    client.completions.create(model=MODEL, prompt="fixed", max_tokens=20, temperature=0,
+                              extra_body={"speculation": {"chain": ["small", MODEL], "draft_lengths": [2]}})
+    after = metric_samples(url)
+
+    def grew(decision):
+        key = ("specrouter:router_choices_total", (("decision", decision),))
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert routed.choices[0].text == reference_text("route these letters", 40)
+    assert grew("deliberated") + grew("reused") == routed.usage.speculation["cycles"] > 1
+    assert grew("deliberated") >= 1  # a request's first cycle deliberates
+    for decision in ("deliberated", "reused"):
+        assert after[("specrouter:router_choices_total", (("decision", decision),))] == getattr(pacing, decision)
+    assert after[("specrouter:router_choice_seconds", ())] == pacing.deliberation > 0
+    assert after[("specrouter:router_cycle_seconds", ())] == pacing.cycle > 0
