@@ -55,7 +55,7 @@ APP_NAME = "specrouter"
 STALE_REPORTS = 3
 #: Seconds a drain may take beyond its grace period (ending the requests left, Ray's round trips).
 DRAIN_MARGIN = 30.0
-#: Ray Serve's settings for a fleet, read by Serve from the environment of each of its
+#: Ray's and Ray Serve's settings for a fleet, read from the environment of each of its
 #: processes (serve_env: the job's runtime environment carries them to the controller, the
 #: proxy and the replicas; a variable the user set wins). On a machine whose cores also run
 #: the engines, every millisecond Serve spends is taken from a forward:
@@ -65,9 +65,14 @@ DRAIN_MARGIN = 30.0
 #:   ports of its own instead of the one endpoint the proxy serves on --host/--port;
 #: - the controller's loop every 0.5 s instead of 0.1 s and metrics exported every second
 #:   instead of every 0.1 s: what an idle fleet costs in CPU (a replica restart or a scaling
-#:   decision waits up to 0.4 s longer).
+#:   decision waits up to 0.4 s longer);
+#: - worker processes at nice 0 (Ray starts them at 15 by default, below its own daemons):
+#:   the engine replicas run the model, and at nice 15 every process of the machine at nice
+#:   0 (Ray's daemons, an HTTP client, anything else) preempts their llama.cpp threads, which
+#:   wait on each other at every operation (Ray's job manager sets the same for its
+#:   supervisor; the job's runtime environment carries it to every worker it starts).
 #: Measured in docs/fleet.md.
-SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
+SERVE_ENV = {"RAY_worker_niceness": "0", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
              "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000"}
 
 

@@ -2,6 +2,7 @@
 synthetic pool: 2 engine replicas behind the ingress, driven by the official openai client."""
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -126,6 +127,14 @@ def test_eight_concurrent_streams_each_get_their_own_text(client):
     with ThreadPoolExecutor(8) as pool:
         texts = list(pool.map(stream, prompts))
     assert texts == [reference_text(p, 48) for p in prompts]
+
+
+def test_the_engine_replicas_run_at_nice_0(fleet):
+    """Ray starts its worker processes at nice 15 (below its daemons); a fleet's replicas run
+    the models and must not yield to every other process of their node (deploy.SERVE_ENV)."""
+    actors = replica_actors()
+    assert len(actors) == 2
+    assert ray.get([a.__ray_call__.remote(lambda self: os.nice(0)) for a in actors.values()]) == [0, 0]
 
 
 def test_a_session_stays_on_one_replica_and_metrics_carry_the_replica(fleet, client):
