@@ -343,7 +343,7 @@ class AcceptanceEstimator:
         loops over the names were most of its work). A middle needs both its pairs observed
         (count() > 0): the observed pairs are read off the estimates held, not counted per
         pair of names."""
-        observed = {(j, i) for mode, j, i in self.global_ if mode == self.mode and self.global_[(mode, j, i)].count}
+        observed = {(j, i) for (mode, j, i), g in self.global_.items() if mode == self.mode and g.count}
         observed.update(pair for pair, r in self.request.items() if r.weight_at(self.position))
         plain: dict[tuple[str, str], float] = {}
 
