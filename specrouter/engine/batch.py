@@ -13,7 +13,8 @@ and on its first forward of a model the first used later, while the first is liv
 
 Chunked prefill (prefill.py): while some sequence decodes, a forward that must first feed
 a long head (a new prompt, a draft model's catch-up) is fed in chunks across steps, riding
-in its model's call with the decoding forwards, so no prompt stalls the running streams.
+in its model's call with the decoding forwards, so no prompt stalls the running streams
+(unless the prompts outnumber them: then all run whole).
 
 Not thread-safe: one thread owns a scheduler and every backend it uses.
 """

@@ -7,6 +7,16 @@ chunk), a forward with a longer head is fed one chunk per step and runs whole on
 is left fits; with nobody decoding everything runs whole (a lone request is not slowed).
 Rows that want logits are never split: a 64-token copy is verified in one call.
 
+Chunks protect the majority: when more of a step's forwards have long heads than fit a
+chunk (W > D, counted over all models: a burst of prompts beside a few streams), every
+forward runs whole, as if nobody decoded; the D streams stall for the W prefills, as they
+would have had they arrived together. Protecting them would cost the W prompts far more: a
+chunk that keeps a stream's call within 1 + share of its own is a few tokens, which a
+forward's fixed cost makes about twice as dear per token on a CPU as a whole prompt, so a
+burst entered the batch one prompt at a time while the few streams gained little from
+batching (figures: docs/fleet.md). A batch thus takes the same course whether its prompts
+arrive within one step or a few apart. One prompt beside one or more streams is chunked.
+
 Where a chunk runs: in the same call as the step's decoding forwards of its model (one
 forward: its fixed cost, most of a token's on a CPU, is paid once). A model that no
 decoding sequence used for STARVE_STEPS steps (a prompt's draft model while every other
@@ -82,8 +92,9 @@ class ChunkedPrefill:
         #: Models running a long head whole this step: their call says nothing of a decoding step.
         self._long_whole = {m for m, head in heads if head > self.size(m)}
         decoding = {m for m, head in heads if head <= self.size(m)}
-        if not decoding:
-            return [0] * len(heads)  # nobody decodes: nothing to protect
+        n_long = sum(head > self.size(m) for m, head in heads)
+        if n_long > len(heads) - n_long:
+            return [0] * len(heads)  # nobody decodes, or more prompts than streams: all whole
         self._long_whole = set()
         for m in decoding:
             self._model(m).last_whole = self._step

@@ -353,6 +353,27 @@ def test_a_lone_long_prompt_is_fed_whole():
     assert scheduler.prefill.calls == 0
 
 
+def test_prompts_outnumbering_the_streams_are_fed_whole_in_the_step_they_join():
+    """Three prompts arriving while one stream decodes: all four forwards run in one call of
+    the target in the next step (the stream stalls for them) and every prompt gets its first
+    token there, instead of entering the batch one at a time in chunks; outputs are alone's."""
+    target = SyntheticBackend("target", vocab=VOCAB, n_ctx=1024)
+    chain = Chain([target], [])
+    scheduler = BatchScheduler(lambda r: chain, max_batch=4)
+    scheduler.add("a", SeqRequest([1, 2, 3], SamplingParams(), 12))
+    scheduler.step(), scheduler.step()  # "a" decodes
+    prompts = {str(i): [int(t) for t in np.random.default_rng(i).integers(0, EOS, 300)] for i in range(3)}
+    for rid, prompt in prompts.items():
+        scheduler.add(rid, SeqRequest(prompt, SamplingParams(), 4))
+    calls = target.decode_calls
+    joined = scheduler.step()
+    assert target.decode_calls == calls + 1 and scheduler.prefill.calls == 0
+    assert {e.request_id for e in joined if isinstance(e, Delta) and e.tokens} == {"a", *prompts}
+    events = drain(scheduler)
+    for rid, prompt in prompts.items():
+        assert finished(events[rid]).token_ids == generate(chain, prompt, SamplingParams(), 4).token_ids
+
+
 def test_prefill_share_must_be_positive():
     with pytest.raises(InvalidParameterError, match="prefill_share must be > 0"):
         BatchScheduler(lambda r: None, prefill_share=0)

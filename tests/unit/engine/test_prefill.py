@@ -16,10 +16,28 @@ def test_with_nobody_decoding_everything_runs_whole():
 
 def test_long_heads_share_their_models_chunk_in_admission_order_while_another_decodes():
     policy = ChunkedPrefill()
-    # One decodes (head 0); two prompts: the first takes the whole chunk, the second waits.
-    assert policy.plan([(T, 0), (T, 500), (T, 700)]) == [0, FIRST_CHUNK, WAIT]
+    # Two decode (head 0); two prompts: the first takes the whole chunk, the second waits.
+    assert policy.plan([(T, 0), (T, 500), (T, 0), (T, 700)]) == [0, FIRST_CHUNK, 0, WAIT]
     # A head that fits a chunk runs whole (it is decoding, or nearly done).
     assert policy.plan([(T, 0), (T, FIRST_CHUNK)]) == [0, 0]
+
+
+def test_more_long_heads_than_decoders_run_whole_and_say_nothing_of_a_decoding_step():
+    """A burst of prompts beside fewer streams is prefilled whole (the streams stall for it),
+    and that call's time does not enter the decoding calls' average the chunks are sized on."""
+    policy = ChunkedPrefill(share=1.0)
+    policy.plan([(T, 0)])
+    policy.timed(T, 0.010, whole=1, chunk_tokens=0)
+    policy.step_done(0.010)
+    assert policy.plan([(T, 0), (T, 500), (D, 700)]) == [0, 0, 0]  # counted over all models
+    policy.timed(T, 5.0, whole=2, chunk_tokens=0)
+    policy.timed(D, 1.0, whole=1, chunk_tokens=0)
+    policy.step_done(6.0)
+    # As many prompts as streams: chunked again, sized on the 10 ms calls (goal 20 ms: a 4-token
+    # chunk taking 14 ms grows to ceil(4 x sqrt(20 / 14)) = 5; on a 5 s average it would double).
+    assert policy.plan([(T, 0), (T, 500)]) == [0, FIRST_CHUNK] and policy.calls == 0
+    policy.timed(T, 0.010 + 0.001 * FIRST_CHUNK, whole=1, chunk_tokens=FIRST_CHUNK)
+    assert policy.size(T) == 5
 
 
 def test_a_model_no_decoder_uses_gets_chunks_only_after_starve_steps():
