@@ -82,13 +82,9 @@ class Pool:
         """The loaded model a spec names (InvalidParameterError for a model-free drafter)."""
         if spec in MODEL_FREE:
             raise InvalidParameterError(f"{spec} is a model-free drafter, not a model")
-        torch_name = split_torch_name(spec)
-        if torch_name is not None:
-            folder, dtype = resolve_torch_model(spec, self.cache_dir, convert_missing=self.pull_missing)
-            return self._torch(folder, spec, dtype)
-        if Path(spec).expanduser().is_dir():
-            folder = Path(spec).expanduser()
-            return self._torch(folder, folder.name, self.torch_dtype)
+        torch_model = self._torch_model(spec)
+        if torch_model is not None:
+            return self._torch(*torch_model)
         path = resolve_model(spec, self.cache_dir, pull_missing=self.pull_missing)
         key = str(path.resolve())
         if key not in self._loaded:
@@ -104,11 +100,31 @@ class Pool:
             )
         return self._loaded[key]
 
-    def _torch(self, folder: Path, name: str, dtype: str) -> Backend:
+    def vocabulary(self, spec: str) -> Backend:
+        """The model a spec names as a tokenizer needs it (tokenize, chat template, context
+        size, end tokens): a torch model built without its weights (an instance of its own,
+        which runs no forward); a llama.cpp model as model() loads it (llama.cpp maps its
+        weights from the page cache, which a node's processes share)."""
+        torch_model = self._torch_model(spec) if spec not in MODEL_FREE else None
+        if torch_model is None:
+            return self.model(spec)
+        return self._torch(*torch_model, weights=False)
+
+    def _torch_model(self, spec: str) -> tuple[Path, str, str] | None:
+        """(folder, name, dtype) of a torch model spec; None for a llama.cpp one."""
+        if split_torch_name(spec) is not None:
+            folder, dtype = resolve_torch_model(spec, self.cache_dir, convert_missing=self.pull_missing)
+            return folder, spec, dtype
+        if Path(spec).expanduser().is_dir():
+            folder = Path(spec).expanduser()
+            return folder, folder.name, self.torch_dtype
+        return None
+
+    def _torch(self, folder: Path, name: str, dtype: str, weights: bool = True) -> Backend:
         if self.exact:
             raise InvalidParameterError(f"exact mode covers llama.cpp models only, not the torch model {name} "
                                         "(docs/bit-exact.md)")
-        key = f"{folder.resolve()}|torch|{dtype}|{self.device}"
+        key = f"{folder.resolve()}|torch|{dtype}|{self.device}|{'weights' if weights else 'vocabulary'}"
         if key not in self._loaded:
             try:
                 from specrouter.backends.torch import TorchBackend  # needs the torch extra
@@ -117,7 +133,7 @@ class Pool:
 
             self._loaded[key] = TorchBackend(
                 folder, name=name, device=self.device, dtype=dtype, n_ctx=self.n_ctx,
-                n_seq_max=self.n_seq_max, n_threads=self.n_threads,
+                n_seq_max=self.n_seq_max, n_threads=self.n_threads, weights=weights,
             )
         return self._loaded[key]
 

@@ -98,6 +98,19 @@ def _to_host(logits: torch.Tensor) -> np.ndarray:
     return logits.cpu().float().numpy()
 
 
+def _skeleton(path: Path, dtype: torch.dtype) -> Any:
+    """The model a folder's config describes, its modules on the meta device (no weights),
+    with the folder's generation config (its end tokens)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if (path / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(str(path), local_files_only=True)
+    return model
+
+
 class TorchBackend(ForwardBackend):
     """A transformers causal LM with one DynamicCache per sequence.
 
@@ -117,11 +130,16 @@ class TorchBackend(ForwardBackend):
         n_seq_max: int = 4,
         n_threads: int | None = None,
         rows_on_device: bool | None = None,
+        weights: bool = True,
     ) -> None:
         """rows_on_device: hand the cascade its logits rows as tensors left on the device,
         which the cascade then warps, samples and verifies there (cascade/torch_rows.py);
         False copies them to host numpy. None (default): on the device unless it is a CPU,
-        where the copy costs nothing and numpy's row work is the faster (docs/host-work.md)."""
+        where the copy costs nothing and numpy's row work is the faster (docs/host-work.md).
+        weights=False: the vocabulary only (tokenizer, chat template, context size, end
+        tokens, logits width: what a fleet's ingress tokenizes with): the model's modules are
+        built on torch's meta device from its config, no weight is read or allocated, and a
+        forward raises BackendError."""
         path = Path(path)
         dev, tdtype = self._check_runtime(device, dtype, n_threads)
         if not path.is_dir():
@@ -142,7 +160,8 @@ class TorchBackend(ForwardBackend):
         except (OSError, ValueError, TypeError) as exc:
             raise ModelFileError(f"{path}: could not load its tokenizer: {exc}") from None
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=tdtype, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=tdtype, local_files_only=True) \
+                if weights else _skeleton(path, tdtype)
         except (OSError, ValueError, KeyError) as exc:
             raise ModelFileError(f"{path}: transformers could not load the model: {exc}") from None
         self.path = path
@@ -180,7 +199,9 @@ class TorchBackend(ForwardBackend):
         self.rows_on_device = dev.type != "cpu" if rows_on_device is None else bool(rows_on_device)
         #: CPU threads torch computes with (read by the router's profile key); None on a GPU.
         self.n_threads = torch.get_num_threads() if dev.type == "cpu" else None
-        self._model = model.to(device=dev, dtype=tdtype).eval()
+        #: False: built without weights (the vocabulary only; see __init__).
+        self.weights = model.device.type != "meta"
+        self._model = (model.to(device=dev, dtype=tdtype) if self.weights else model).eval()
         self._tok = tokenizer
         config = model.config
         self._config = config
@@ -218,6 +239,8 @@ class TorchBackend(ForwardBackend):
 
     # KV and compute (decode and decode_batch: ForwardBackend) -------------------------
     def _check_item(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> None:
+        if not self.weights:
+            raise BackendError(f"{self.name} was loaded without its weights (the vocabulary only): it runs no forward")
         super()._check_item(seq, tokens, pos, n_logits)
         held = self._cache(seq).get_seq_length()
         if pos != held:

@@ -35,8 +35,8 @@ class PoolBuild:
         return build_engine(self.config)
 
     def vocabulary(self) -> Backend:
-        # One sequence slot and one thread: the ingress only tokenizes (llama.cpp maps the
-        # weights from the page cache the node's replicas share).
+        # One sequence slot and one thread: the ingress only tokenizes (a torch target without
+        # its weights; llama.cpp maps them from the page cache the node's replicas share).
         pool = Pool(cache_dir=self.config.cache_dir, n_ctx=self.config.n_ctx, n_threads=1, n_seq_max=1,
                     device="cpu", exact=self.config.exact)
-        return pool.model(self.config.served)
+        return pool.vocabulary(self.config.served)

@@ -268,6 +268,36 @@ def test_model_folder_loads_and_matches_the_model_in_memory(tmp_path):
     assert loaded.tokenize("abc") == [0, 1, 2]
 
 
+def test_a_folder_loaded_without_weights_tokenizes_as_the_model_does_and_runs_no_forward(tmp_path):
+    """The vocabulary only (what a fleet's ingress loads, Pool.vocabulary): every parameter on
+    the meta device (no weight read), the same tokens, texts, end tokens (the folder's
+    generation config's too), context and logits width as the model loaded whole; a forward
+    is a clear error."""
+    from specrouter.pool import Pool
+
+    model = tiny_model(5, vocab=FOLDER_VOCAB)
+    model.generation_config.eos_token_id = 3
+    model.save_pretrained(tmp_path)
+    tiny_tokenizer(VOCAB).save_pretrained(tmp_path)
+    pool = Pool(device=DEVICE)
+    try:
+        whole, vocab = pool.model(str(tmp_path)), pool.vocabulary(str(tmp_path))
+        assert isinstance(vocab, TorchBackend) and whole.weights and not vocab.weights
+        assert pool.vocabulary(str(tmp_path)) is vocab and pool.model(str(tmp_path)) is whole  # each loaded once
+        assert {p.device.type for p in vocab._model.parameters()} == {"meta"}
+        assert 3 in whole.eos_ids and vocab.eos_ids == whole.eos_ids
+        assert (vocab.name, vocab.n_vocab, vocab.n_ctx, vocab.params_b, vocab.chat_template) == \
+            (whole.name, whole.n_vocab, whole.n_ctx, whole.params_b, whole.chat_template)
+        assert vocab.tokenize("abcfab") == whole.tokenize("abcfab") == [0, 1, 2, 5, 0, 1]
+        assert vocab.vocab_texts() == whole.vocab_texts()
+        assert [vocab.token_bytes(t) for t in range(FOLDER_VOCAB)] == [whole.token_bytes(t) for t in range(FOLDER_VOCAB)]
+        seq = vocab.new_sequence()
+        with pytest.raises(BackendError, match="loaded without its weights"):
+            vocab.decode(seq, [1, 2], 0, 1)
+    finally:
+        pool.close()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_on_a_machine_without_one_is_a_clear_error():
     with pytest.raises(BackendError, match="cuda.*(no CUDA|CUDA support)"):
