@@ -89,19 +89,19 @@ class ChunkedPrefill:
         handed out in the given order (admission) until the model's size is spent."""
         self._step += 1
         self._chunked_step = False
+        long = [head > self.size(m) for m, head in heads]  # a long head: more than a chunk to feed
         #: Models running a long head whole this step: their call says nothing of a decoding step.
-        self._long_whole = {m for m, head in heads if head > self.size(m)}
-        decoding = {m for m, head in heads if head <= self.size(m)}
-        n_long = sum(head > self.size(m) for m, head in heads)
-        if n_long > len(heads) - n_long:
+        self._long_whole = {m for (m, _), is_long in zip(heads, long) if is_long}
+        decoding = {m for (m, _), is_long in zip(heads, long) if not is_long}
+        if sum(long) > len(heads) - sum(long):
             return [0] * len(heads)  # nobody decodes, or more prompts than streams: all whole
         self._long_whole = set()
         for m in decoding:
             self._model(m).last_whole = self._step
         left = {m: self.size(m) for m, _ in heads}
         out = []
-        for m, head in heads:
-            if head <= self.size(m):
+        for (m, head), is_long in zip(heads, long):
+            if not is_long:
                 out.append(0)
             elif left[m] > 0 and (m in decoding or self._step - self._model(m).last_whole > STARVE_STEPS):
                 take = min(left[m], head)
