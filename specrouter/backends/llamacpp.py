@@ -4,7 +4,7 @@ The high-level `Llama` class keeps one sequence and its own token bookkeeping; w
 logits for every position of a verified run and per-sequence KV removal, so we drive
 llama_decode with our own batch: each token carries its absolute position and its
 sequence id, and only the positions whose logits are needed are marked as outputs.
-One context holds up to n_seq_max sequences in a unified KV cache.
+One context holds up to n_seq_max sequences in a unified KV cache (exact mode: a stream each).
 
 Exact kernels (`exact=True`, docs/bit-exact.md has the kernel paths and measurements):
 llama.cpp's CPU backend computes a row of a forward with other kernels depending on how
@@ -12,10 +12,18 @@ many rows the forward has, so a token verified in a block of k gets logits that 
 (by up to ~0.6 on the 1.5B q4) from the same token decoded alone, and greedy ties flip.
 In exact mode every row is computed by one path whatever the batch:
 - repacked quantized weights run their 4-row GEMM on every group of 4 rows and a GEMV on
-  the rest (ggml-cpu/repack.cpp, forward_mul_mat), so every forward is padded to a multiple
-  of EXACT_ROWS rows with rows of a scratch sequence (positions 0.., removed after), of
-  them as many with logits as make the rows with logits a multiple too (the output rows go
-  through the last layer's FFN and the output matrix as a batch of their own);
+  the rest (ggml-cpu/repack.cpp, forward_mul_mat), so every run of a forward is padded to a
+  multiple of EXACT_ROWS rows with rows of its own sequence (the positions after its tokens,
+  with logits, removed after: causal, so no real row sees them), and asks for logits on as
+  many of its last real rows as leave a multiple of EXACT_ROWS without: the rows with logits
+  (which go through the last layer's FFN and the output matrix as a batch of their own) are
+  then a multiple too, in every ubatch llama.cpp cuts;
+- every sequence has a KV stream of its own (`kv_unified = false`): attention sums a row's
+  cells in cell order, so a sequence must find its cells where it finds them alone, and in
+  a shared cache its next token's cell lies behind whatever other sequences took meanwhile
+  (docs/bit-exact.md); llama.cpp then cuts a batch into ubatches of equal tokens per
+  sequence (each a multiple of EXACT_ROWS with the padding above), and shares no cells
+  between streams, so share_prefix declines (a choice prefills its prompt itself);
 - ggml's tiled K-quant matmul (ggml-cpu/tiled, used from 8 rows on for weights that are
   not repacked) is switched off for the process (GGML_CPU_TILED_MM=0, read once by ggml:
   exact mode must be chosen before any llama.cpp forward runs in the process);
@@ -48,9 +56,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 _INITIALISED = False
 #: An exact backend pads every forward to a multiple of this many rows (the repacked GEMM's group).
 EXACT_ROWS = 4
-#: Room an exact forward needs beyond n_batch for its padding rows: up to EXACT_ROWS - 1 with
-#: logits, then up to EXACT_ROWS - 1 more (a multiple of EXACT_ROWS, so the batch stays one ubatch).
-EXACT_PAD_ROOM = 2 * EXACT_ROWS
 #: ggml's switch of its tiled K-quant matmul, read once per process at the first forward.
 _TILED_ENV = "GGML_CPU_TILED_MM"
 _FORWARDS_RAN = False  # whether any llama.cpp forward ran in this process
@@ -133,26 +138,25 @@ class LlamaCppBackend(ForwardBackend):
         self.n_threads = n_threads or os.cpu_count() or 1
 
         cparams = _ll.llama_context_default_params()
-        # Unified cache: any sequence can reach n_ctx (plus the padding rows in exact mode).
-        room = EXACT_PAD_ROOM if exact else 0
-        cparams.n_ctx = self.n_ctx * n_seq_max + room
-        cparams.n_batch = n_batch + room  # a padded forward is one batch and one ubatch
-        cparams.n_ubatch = n_batch + room
-        #: The sequence whose rows pad an exact forward (None: not exact).
-        self._scratch = n_seq_max if exact else None
-        cparams.n_seq_max = n_seq_max + exact
+        # Unified cache: any sequence can reach n_ctx. Exact: a stream of n_ctx plus the pad
+        # rows per sequence, and a batch with room for every run's pad rows.
+        room = EXACT_ROWS - 1 if exact else 0
+        cparams.n_ctx = (self.n_ctx + room) * n_seq_max
+        cparams.n_batch = n_batch + room * n_seq_max
+        cparams.n_ubatch = n_batch + room * n_seq_max
+        cparams.n_seq_max = n_seq_max
         if exact:
             cparams.flash_attn_type = _ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
-        cparams.kv_unified = True
+        cparams.kv_unified = not exact
         cparams.no_perf = True
         self._ctx = _ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             _ll.llama_model_free(self._model)
             raise BackendError(f"llama.cpp could not create a context for {self.name} (out of memory?)")
         self._mem = _ll.llama_get_memory(self._ctx)
-        self._batch = _ll.llama_batch_init(n_batch + room, 0, 1)
+        self._batch = _ll.llama_batch_init(n_batch + room * n_seq_max, 0, 1)
         self._free_slots = list(range(n_seq_max))
 
         self.n_vocab = _ll.llama_vocab_n_tokens(self._vocab)
@@ -165,48 +169,47 @@ class LlamaCppBackend(ForwardBackend):
         self._decode_runs([(seq, tokens, pos, 0)])
 
     def _forward(self, runs: Sequence[Run]) -> list[np.ndarray]:
-        self._decode_runs(runs)
+        layout = self._decode_runs(runs)
         rows = _ll.llama_get_logits(self._ctx)  # the rows of the tokens that asked, in batch order
-        flat = np.ctypeslib.as_array(rows, shape=(sum(n for *_, n in runs), self.n_vocab))
+        flat = np.ctypeslib.as_array(rows, shape=(sum(before + n + after for before, n, after in layout),
+                                                  self.n_vocab))
         out, offset = [], 0
-        for *_, n_logits in runs:
-            out.append(flat[offset : offset + n_logits].copy())
-            offset += n_logits
+        for before, n_logits, after in layout:
+            out.append(flat[offset + before : offset + before + n_logits].copy())
+            offset += before + n_logits + after
         return out
 
-    def _decode_runs(self, runs: Sequence[Run]) -> None:
+    def _decode_runs(self, runs: Sequence[Run]) -> list[tuple[int, int, int]]:
         """Fill the batch with runs (seq, tokens, first position, n_logits: a logits row for
-        each of its last n_logits tokens) and llama_decode it (exact mode: padded with
-        scratch rows, as many with logits as make those a multiple of EXACT_ROWS)."""
+        each of its last n_logits tokens) and llama_decode it. Per run, its logits rows in
+        the output: (rows before the asked ones, n_logits, rows after); exact mode adds rows
+        on both sides (module docstring), the default none."""
         global _FORWARDS_RAN
         _FORWARDS_RAN = True
         b = self._batch
         i = 0
+        layout = []
         for seq, tokens, pos, n_logits in runs:
-            first_row = len(tokens) - n_logits
-            for j, token in enumerate(tokens):
+            before = (len(tokens) - n_logits) % EXACT_ROWS if self.exact else 0
+            pad = -len(tokens) % EXACT_ROWS if self.exact else 0
+            first_row = len(tokens) - n_logits - before
+            for j, token in enumerate([*tokens, *[0] * pad]):
                 b.token[i] = token
                 b.pos[i] = pos + j
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq
                 b.logits[i] = j >= first_row
                 i += 1
-        # Exact mode: the rows with logits (the last layer's FFN and the output matrix see
-        # only those) and all rows are both padded to multiples of EXACT_ROWS.
-        pad_out = pad = 0
-        if self._scratch is not None:
-            pad_out = (-sum(n for *_, n in runs)) % EXACT_ROWS
-            pad = pad_out + (-(i + pad_out)) % EXACT_ROWS
-        for j in range(pad):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0], b.logits[i] = 0, j, 1, self._scratch, j < pad_out
-            i += 1
+            layout.append((before, n_logits, pad))
         b.n_tokens = i
         rc = _ll.llama_decode(self._ctx, b)
-        if pad:
-            _ll.llama_memory_seq_rm(self._mem, self._scratch, -1, -1)
+        for (seq, tokens, pos, _), (_, _, pad) in zip(runs, layout):
+            if pad:
+                _ll.llama_memory_seq_rm(self._mem, seq, pos + len(tokens), -1)
         if rc != 0:
             where = ", ".join(f"seq {s} positions {p}..{p + len(t) - 1}" for s, t, p, _ in runs)
             raise BackendError(f"{self.name}: llama_decode failed with code {rc} ({where})")
+        return layout
 
     def remove(self, seq: int, start: int) -> None:
         if not _ll.llama_memory_seq_rm(self._mem, seq, start, -1):
@@ -218,7 +221,10 @@ class LlamaCppBackend(ForwardBackend):
         return self._free_slots.pop(0)
 
     def share_prefix(self, src: int, dst: int, n: int) -> bool:
-        """The cells of positions [0, n) of src are tagged with dst too (no copy)."""
+        """The cells of positions [0, n) of src are tagged with dst too (no copy); exact mode
+        declines (streams share no cells, and llama.cpp copies between them only whole)."""
+        if self.exact:
+            return False
         _ll.llama_memory_seq_cp(self._mem, src, dst, 0, n)
         return True
 

@@ -9,7 +9,11 @@ Prints one JSON object:
 - "greedy": per chain, the prompts whose greedy ids differ from the target alone's
   (expected: none, with no near-tie escape);
 - "logprobs": per chain, the prompts whose logprobs (each token's and its 5 alternatives')
-  differ from the target alone's in any bit (expected: none).
+  differ from the target alone's in any bit (expected: none);
+- "batched": the same two lists for auto through the batch scheduler, the prompts 4 at a
+  time, the second half joining as the first finish, and the most sequences one call took
+  (expected: no prompt: in exact mode a sequence's rows are the same bits whatever shares
+  its forward or its context, so the batch compositions auto's timings choose move nothing).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import numpy as np
 
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import SuffixMemory
-from specrouter.engine import generate
+from specrouter.engine import GenerationResult, generate
+from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.pool import Pool
 from specrouter.router import auto_router
 
@@ -92,9 +97,36 @@ def main() -> None:
         compare(name, pool.chain(specs, lengths))
     compare("auto", auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
                                 lookup="suffix", memory=SuffixMemory()))
+    batched, max_batch = batched_auto(pool, prompts)
     pool.close()
-    json.dump({"blocks": blocks, "greedy": greedy, "logprobs": logprobs, "prompts": [pid for pid, _ in prompts]},
+    json.dump({"blocks": blocks, "greedy": greedy, "logprobs": logprobs, "prompts": [pid for pid, _ in prompts],
+               "batched": {"greedy": [pid for pid, r in batched.items() if r.token_ids != references[pid].token_ids],
+                           "logprobs": [pid for pid, r in batched.items() if r.logprobs != references[pid].logprobs],
+                           "max_batch": max_batch}},
               sys.stdout)
+
+
+def batched_auto(pool: Pool, prompts: list[tuple[str, list[int]]]) -> tuple[dict[str, GenerationResult], int]:
+    """Every prompt through one batch scheduler routed by a fresh auto, at most 4 at a time
+    (the first half added at once, the second half four steps later: they queue for slots);
+    the results by prompt id, and the most sequences one call took."""
+    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
+                         lookup="suffix", memory=SuffixMemory())
+    scheduler = BatchScheduler(lambda r: router.session(), max_batch=4)
+    half = len(prompts) // 2
+    out: dict[str, GenerationResult] = {}
+    step = 0
+    while len(out) < len(prompts):
+        if step in (0, 4):
+            for pid, toks in prompts[:half] if step == 0 else prompts[half:]:
+                scheduler.add(pid, SeqRequest(toks, SamplingParams(), TOKENS, logprobs=LOGPROBS))
+        for event in scheduler.step():
+            if isinstance(event, Failed):
+                raise event.error
+            if isinstance(event, Finished):
+                out[event.request_id] = event.result
+        step += 1
+    return out, max(max(sizes) for sizes in scheduler.batch_sizes.values())
 
 
 if __name__ == "__main__":

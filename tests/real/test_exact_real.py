@@ -39,6 +39,13 @@ def test_every_chain_and_auto_match_the_target_alone_exactly(exact_results):
     assert exact_results["logprobs"] == {name: [] for name in names}  # bit for bit, with 5 alternatives
 
 
+def test_auto_through_the_batch_scheduler_matches_the_target_alone_exactly(exact_results):
+    """Batched, auto's chains and batch compositions follow measured timings (no two runs
+    alike); in exact mode none may move an output or a logprob by a bit."""
+    batched = exact_results["batched"]
+    assert batched["greedy"] == [] and batched["logprobs"] == [] and batched["max_batch"] > 1  # really batched
+
+
 def test_exact_mode_after_a_forward_in_the_process_is_refused(pool):
     target = pool.model(TARGET)
     seq = target.new_sequence()
