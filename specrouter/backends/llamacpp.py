@@ -141,9 +141,9 @@ class LlamaCppBackend(ForwardBackend):
         # Unified cache: any sequence can reach n_ctx. Exact: a stream of n_ctx plus the pad
         # rows per sequence, and a batch with room for every run's pad rows.
         room = EXACT_ROWS - 1 if exact else 0
+        batch_rows = n_batch + room * n_seq_max
         cparams.n_ctx = (self.n_ctx + room) * n_seq_max
-        cparams.n_batch = n_batch + room * n_seq_max
-        cparams.n_ubatch = n_batch + room * n_seq_max
+        cparams.n_batch = cparams.n_ubatch = batch_rows
         cparams.n_seq_max = n_seq_max
         if exact:
             cparams.flash_attn_type = _ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -156,7 +156,7 @@ class LlamaCppBackend(ForwardBackend):
             _ll.llama_model_free(self._model)
             raise BackendError(f"llama.cpp could not create a context for {self.name} (out of memory?)")
         self._mem = _ll.llama_get_memory(self._ctx)
-        self._batch = _ll.llama_batch_init(n_batch + room * n_seq_max, 0, 1)
+        self._batch = _ll.llama_batch_init(batch_rows, 0, 1)
         self._free_slots = list(range(n_seq_max))
 
         self.n_vocab = _ll.llama_vocab_n_tokens(self._vocab)

@@ -93,7 +93,8 @@ class ChunkedPrefill:
         #: Models running a long head whole this step: their call says nothing of a decoding step.
         self._long_whole = {m for (m, _), is_long in zip(heads, long) if is_long}
         decoding = {m for (m, _), is_long in zip(heads, long) if not is_long}
-        if sum(long) > len(heads) - sum(long):
+        n_long = sum(long)
+        if n_long > len(heads) - n_long:
             return [0] * len(heads)  # nobody decodes, or more prompts than streams: all whole
         self._long_whole = set()
         for m in decoding:
