@@ -2,7 +2,7 @@
 
     python -m benchmarks.serving [--concurrency 1,2,4,8] [--requests-per-slot 2] [--max-tokens 96]
                                  [--workload first-turn|code-edit|docs] [--lookup ngram|suffix]
-                                 [--router-dir DIR] [--stem NAME]
+                                 [--router-dir DIR] [--exact] [--stem NAME]
                                  [--chain A,B --draft-lengths K [--no-auto]]
 
 Closed loop, in process, through the same BatchScheduler the server runs: at
@@ -16,7 +16,8 @@ request feeds, as a server's `shared` memory); its estimates and profile start a
 --router-dir says (default: fresh). Reports total generated tokens/s, time to first
 token and inter-token latency (median and p95; a delta of k tokens after a gap g counts
 as k gaps of g/k), the batch sizes the models actually ran, and for auto the share of
-cycles that speculated. Writes JSON, a markdown table and a PNG plot to benchmarks/results/.
+cycles that speculated. --exact runs every model on the exact kernels (`serve --exact`;
+docs/bit-exact.md), the target alone included. Writes JSON, a markdown table and a PNG plot to benchmarks/results/.
 
 --chain adds a fixed chain of pool models, served twice: by a scheduler whose steps call the
 model most sequences wait on (in-phase, the server's) and by one whose steps call every
@@ -107,9 +108,9 @@ def repeating_prompts(target, workload: str, n: int) -> list[list[int]]:
 
 def run(levels: list[int], per_slot: int, max_tokens: int, workload: str = "first-turn", lookup: str = "ngram",
         router_dir: Path | None = None, chain: list[str] | None = None, draft_lengths: list[int] | None = None,
-        auto: bool = True) -> dict:
+        auto: bool = True, exact: bool = False) -> dict:
     router_dir, router_state = router_start(router_dir)
-    pool = Pool(n_ctx=2048, n_seq_max=max(levels))
+    pool = Pool(n_ctx=2048, n_seq_max=max(levels), exact=exact)
     target = pool.level(TARGET)
     n = max(4, max(levels) * per_slot // 2)
     prompt_list = prompts(target, n) if workload == "first-turn" else repeating_prompts(target, workload, 2 * n)
@@ -137,7 +138,7 @@ def run(levels: list[int], per_slot: int, max_tokens: int, workload: str = "firs
         router.save_estimates()
     pool.close()
     return {"machine": machine_info(), "max_tokens": max_tokens, "requests_per_slot": per_slot, "rows": rows,
-            "workload": workload, "lookup": lookup, "router_start": router_state,
+            "workload": workload, "lookup": lookup, "router_start": router_state, "exact": exact,
             "memory": None if memory is None else {"tokens_held": len(memory), "budget": memory.budget,
                                                    "megabytes": round(memory.nbytes / 2**20, 1)}}
 
@@ -148,7 +149,8 @@ def markdown(result: dict, plot: str) -> str:
         f"# Serving: throughput and latency vs concurrency ({m['date']})", "",
         f"Machine: {m['cpu']}, {m['cores']} cores, llama-cpp-python {m['llama_cpp_python']}. "
         f"Command: `{m['command']}`. Default pool (target {TARGET}, draft {SMALL} and the "
-        f"{result.get('lookup', 'ngram')} lookup), workload {result.get('workload', 'first-turn')}, greedy, "
+        f"{result.get('lookup', 'ngram')} lookup), "
+        f"{'exact' if result.get('exact') else 'default'} kernels, workload {result.get('workload', 'first-turn')}, greedy, "
         f"{result['max_tokens']} new tokens per request at most, closed loop with c requests in flight, "
         f"{result['requests_per_slot']} x c requests per level, every method in one run. "
         + (f"Router at the start: {result.get('router_start', 'the user cache')}."
@@ -208,6 +210,7 @@ def main() -> None:
                                     "served in phase and serving every model each step")
     ap.add_argument("--draft-lengths", help="the fixed chain's draft lengths, e.g. 3")
     ap.add_argument("--no-auto", action="store_true", help="leave auto out")
+    ap.add_argument("--exact", action="store_true", help="every model on the exact kernels (serve --exact)")
     ap.add_argument("--stem", help="name of the result files (default: serving-<date>)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
@@ -215,7 +218,7 @@ def main() -> None:
     chain = args.chain.split(",") if args.chain else None
     lengths = [int(k) for k in args.draft_lengths.split(",")] if args.draft_lengths else None
     result = run(levels, args.requests_per_slot, args.max_tokens, args.workload, args.lookup, args.router_dir,
-                 chain, lengths, not args.no_auto)
+                 chain, lengths, not args.no_auto, args.exact)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.stem or f"serving-{result['machine']['date'][:10]}"
     plot(result, args.out / f"{stem}.png")
