@@ -252,6 +252,8 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--threads", type=int, help="CPU threads per model (default: all cores).")
 @click.option("--device", help="Where torch models run: cpu (default), cuda, cuda:N.")
 @click.option("--max-batch", type=int, help="Sequences generating at once (default 4).")
+@click.option("--prefix-cache", type=int, help="Finished requests whose KV caches are kept for later prompts that "
+                                               "begin the same way, a chat's next turn (default: --max-batch; 0: none).")
 @click.option("--max-queue", type=int, help="Requests waiting for a slot before 429 (default 32).")
 @click.option("--max-tokens", type=int, help="A request's max_tokens when it gives none (default 256).")
 @click.option("--request-timeout", type=float, help="Seconds before a request is cancelled; 0 = never (default 600).")
@@ -293,7 +295,7 @@ def _summary(r: GenerationResult) -> str:
 @_gpu_layers_option
 @_profile_option
 @_cache_option
-def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, max_queue,
+def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, prefix_cache, max_queue,
               max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, memory, memory_tokens,
               max_body_bytes, allowed_hosts, exact, prefill_share, max_prompt_tokens, cors_origins, served_model_name,
               ray_enabled, ray_address, replicas, min_replicas, max_replicas, target_ongoing_requests,
@@ -309,7 +311,7 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, 
         models=parse_chain(models) if models else None,
         draft_lengths=parse_draft_lengths(draft_lengths, 0) if draft_lengths else None,
         target=target, chain=chain, lookup=lookup, n_ctx=n_ctx, threads=threads, device=device,
-        gpu_layers=list(gpu_layers) or None, max_batch=max_batch,
+        gpu_layers=list(gpu_layers) or None, max_batch=max_batch, prefix_cache=prefix_cache,
         max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
         shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key,
         memory=memory, memory_tokens=memory_tokens, max_body_bytes=max_body_bytes,

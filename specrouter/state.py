@@ -48,6 +48,10 @@ class SequenceState:
         self._backends: dict[int, Backend] = {}
         #: Tokens each model evaluated, and how many of those were catch-up of committed text.
         self.evaluated: dict[str, int] = {}
+        #: Per model name, positions taken from a finished sequence's cache (resume()), and
+        #: the last state they were taken from.
+        self.resumed: dict[str, int] = {}
+        self.resumed_from: SequenceState | None = None
 
     def cached_tokens(self, backend: Backend) -> list[int]:
         return list(self._cached.get(id(backend), ()))
@@ -119,6 +123,40 @@ class SequenceState:
             return 0
         self._slots[key], self._cached[key], self._backends[key] = seq, list(tokens[:n]), backend
         return n
+
+    def held_prefix(self, tokens: Sequence[int]) -> int:
+        """The longest prefix of `tokens` one of this sequence's caches holds."""
+        return max((common_prefix(cached, tokens) for cached in self._cached.values()), default=0)
+
+    def covers(self, other: SequenceState) -> bool:
+        """Whether every cache of `other` holds a prefix of what this one's cache of the same
+        model holds (other is then worth nothing beside this one)."""
+        return all(key in self._cached and common_prefix(cached, self._cached[key]) == len(cached)
+                   for key, cached in other._cached.items())
+
+    def resume(self, finished: SequenceState, tokens: Sequence[int]) -> dict[str, int]:
+        """Before this sequence's first forward: take from `finished` (a finished sequence's
+        state that nothing computes with any more) the longest prefix of `tokens` each of its
+        caches holds (all but the last token at most: a forward needs one to feed). Shared
+        where the backend shares (Backend.share_prefix; `finished` keeps its cache), else the
+        slot itself, cut back to that prefix (`finished` gives that model up: the caller
+        releases it). Returns the positions taken per model name (added to `resumed`)."""
+        taken: dict[str, int] = {}
+        self.resumed_from = finished
+        for key, backend in list(finished._backends.items()):
+            n = min(common_prefix(finished._cached[key], tokens), len(tokens) - 1)
+            if n <= 0 or key in self._slots:
+                continue
+            seq = backend.new_sequence()
+            if not backend.share_prefix(finished._slots[key], seq, n):
+                backend.free_sequence(seq)
+                seq = finished._slots[key]
+                backend.remove(seq, n)
+                del finished._slots[key], finished._cached[key], finished._backends[key]
+            self._slots[key], self._cached[key], self._backends[key] = seq, list(tokens[:n]), backend
+            taken[backend.name] = n
+            self.resumed[backend.name] = self.resumed.get(backend.name, 0) + n
+        return taken
 
     def adopt_all(self, tokens: Sequence[int]) -> int:
         """adopt() on every model the donor holds a cache of; the positions taken in all."""

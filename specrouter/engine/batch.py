@@ -11,6 +11,11 @@ the first has run a cycle, then takes every model's cache of the prompt from it
 prefilling it again (at the end of that cycle, before the first may finish and free them;
 and on its first forward of a model the first used later, while the first is live).
 
+Prefix cache (prefix_cache.py, when given one): a finished request's caches are kept, and a
+request admitted later takes from them the longest prefix of its prompt they hold (a chat's
+earlier turns, a shared system prompt) before its first cycle, so the router prices its
+models with what they already hold and the first forwards feed only the rest.
+
 Chunked prefill (prefill.py): while some sequence decodes, a forward that must first feed
 a long head (a new prompt, a draft model's catch-up) is fed in chunks across steps, riding
 in its model's call with the decoding forwards, so no prompt stalls the running streams
@@ -35,6 +40,7 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import MemoryScope
 from specrouter.engine.phase import InPhase, StepModels
 from specrouter.engine.prefill import PREFILL_SHARE, ChunkedPrefill
+from specrouter.engine.prefix_cache import PrefixCache
 from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
 from specrouter.engine.speculation import Speculation, check_chain
 from specrouter.errors import InvalidParameterError
@@ -147,17 +153,20 @@ class BatchScheduler:
 
     def __init__(self, plan: Planner, max_batch: int = 8, stall_seconds: float | None = None,
                  clock: Callable[[], float] = time.perf_counter, prefill_share: float | None = PREFILL_SHARE,
-                 phases: StepModels | None = None) -> None:
+                 phases: StepModels | None = None, prefix_cache: PrefixCache | None = None) -> None:
         """prefill_share: the share of a decoding step a step may add by feeding chunks of
         long prompts (prefill.py; None: every forward runs whole); phases: which models a
         step calls (phase.py; default InPhase(): the one most sequences wait on, and any
-        whose sequences have waited a step)."""
+        whose sequences have waited a step); prefix_cache: where finished requests' caches
+        are kept for later prompts that begin the same way (None: none; its models need
+        its capacity in sequence slots beyond max_batch)."""
         if max_batch < 1:
             raise InvalidParameterError(f"max_batch must be >= 1, got {max_batch}")
         self.plan, self.max_batch, self.stall_seconds, self.clock = plan, max_batch, stall_seconds, clock
         self.phases = phases if phases is not None else InPhase()
         #: The chunked-prefill policy (None: none).
         self.prefill = ChunkedPrefill(prefill_share) if prefill_share is not None else None
+        self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(0)
         self._waiting: deque[tuple[str, SequenceRun]] = deque()
         self._active: dict[str, _Active] = {}
         #: Sequences that wait for another's first cycle to take its prompt's KV: id -> donor's id.
@@ -177,10 +186,10 @@ class BatchScheduler:
 
     def kv_use(self) -> dict[str, KvUse]:
         """Per model, the sequences holding KV cells in it and the tokens those hold (active
-        requests: a waiting one holds none)."""
+        requests and those the prefix cache keeps: a waiting one holds none)."""
         use: dict[str, KvUse] = {}
-        for a in self._active.values():
-            for name, tokens in a.run.state.kv_tokens().items():
+        for state in [*(a.run.state for a in self._active.values()), *self.prefix_cache.kept()]:
+            for name, tokens in state.kv_tokens().items():
                 u = use.setdefault(name, KvUse())
                 u.sequences, u.tokens = u.sequences + 1, u.tokens + tokens
         return use
@@ -249,10 +258,14 @@ class BatchScheduler:
 
     def step(self) -> list[Event]:
         """Admit waiting requests, start cycles, then serve each model's pending forwards."""
+        events: list[Event] = []
         while self._waiting and len(self._active) < self.max_batch:
             rid, run = self._waiting.popleft()
             self._active[rid] = _Active(run)
-        events: list[Event] = []
+            try:
+                self.prefix_cache.resume(run.state, run.context, run.target.name)
+            except Exception as exc:  # noqa: BLE001 - a model failed sharing its cells: this request fails alone
+                self._fail(rid, self._active[rid], exc, events)
         for rid, a in list(self._active.items()):
             if a.steps is None and not self._holds(rid):
                 self._start_cycle(rid, a, events)
@@ -302,6 +315,7 @@ class BatchScheduler:
         for _, run in self._waiting:
             run.release()
         self._waiting.clear()
+        self.prefix_cache.clear()
 
     # ------------------------------------------------------------------------------
     def _start_cycle(self, rid: str, a: _Active, events: list[Event]) -> None:
@@ -362,7 +376,7 @@ class BatchScheduler:
 
     def _finish(self, rid: str, a: _Active, events: list[Event]) -> None:
         del self._active[rid]
-        a.run.release()
+        a.run.release(self.prefix_cache.keep)
         delta, result = a.run.result()
         last = a.delta(rid, delta, final=True)
         if last.text or last.logprobs:

@@ -56,6 +56,8 @@ class GenerationResult:
     prompt_tokens: int
     wall_seconds: float
     evaluated_tokens: dict[str, int] = field(default_factory=dict)
+    #: Prompt positions the target took from a finished request's cache (prefix_cache.py).
+    cached_tokens: int = 0
     #: Distinct (chain names, draft lengths) used, and per cycle the index of the one it ran.
     chains_used: list[tuple[list[str], list[int]]] = field(default_factory=list)
     chains_per_cycle: list[int] = field(default_factory=list)
@@ -83,6 +85,7 @@ class GenerationResult:
             "wall_seconds": round(self.wall_seconds, 4),
             "tokens_per_second": round(self.tokens_per_second, 3),
             "evaluated_tokens": self.evaluated_tokens,
+            "cached_tokens": self.cached_tokens,
             "chains_used": [{"chain": c, "draft_lengths": k} for c, k in self.chains_used],
             "chains_per_cycle": self.chains_per_cycle,
             **({"router_decisions": self.decisions} if self.decisions else {}),
@@ -358,14 +361,19 @@ class SequenceRun:
         """Generate without this (non-target) model from the next cycle on."""
         self.router.exclude(name)
 
-    def release(self) -> None:
-        """Free every KV slot of this sequence (idempotent: finished, failed or cancelled)."""
+    def release(self, keep: Callable[[SequenceState], None] | None = None) -> None:
+        """Free every KV slot of this sequence, or hand its state to `keep` (a prefix cache;
+        finished requests only), after which nothing computes with it (idempotent: finished,
+        failed or cancelled)."""
         if self._released:
             return
         self._released = True
         self._wall = time.perf_counter() - self._started
         self.evaluated = dict(self.state.evaluated)
-        self.state.release()
+        if keep is None:
+            self.state.release()
+        else:
+            keep(self.state)
         self.router.finish()
 
     def result(self) -> tuple[str, GenerationResult]:
@@ -388,6 +396,7 @@ class SequenceRun:
             prompt_tokens=self.prompt_tokens,
             wall_seconds=self._wall,
             evaluated_tokens=self.evaluated,
+            cached_tokens=self.state.resumed.get(self.target.name, 0),
             chains_used=chains_used,
             chains_per_cycle=self._per_cycle,
             decisions=[d.as_dict() for d in self.router.decisions],

@@ -68,6 +68,9 @@ class ServeConfig(BaseModel):
     cache_dir: Path | None = Field(None, description="folder of pulled models")
     profile: Path | None = Field(None, description="router costs from this JSON profile for the models it names")
     max_batch: int = Field(4, ge=1, description="sequences generating at once")
+    prefix_cache: int | None = Field(None, ge=0, description="finished requests whose KV caches are kept for later "
+                                                           "prompts that begin the same way (a chat's next turn): "
+                                                           "default max_batch, 0: none")
     max_queue: int = Field(32, ge=0, description="requests waiting for a batch slot before 429")
     max_tokens: int = Field(256, description="a request's max_tokens when it gives none (an integer >= 1)")
     request_timeout: float = Field(600.0, ge=0, description="seconds before a request is cancelled (0: never)")
@@ -138,6 +141,11 @@ class ServeConfig(BaseModel):
             self.models = [*self.models, self.target]  # `serve --model X` serves X with the default pool's drafts
         self.default_speculation()  # chain and draft_lengths, checked against the levels and the target
         return self
+
+    @property
+    def kept_sequences(self) -> int:
+        """The prefix cache's capacity (sequences kept)."""
+        return self.max_batch if self.prefix_cache is None else self.prefix_cache
 
     @property
     def served(self) -> str:

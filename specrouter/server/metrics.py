@@ -4,7 +4,7 @@ Speculation counters move cycle by cycle (the worker adds BatchScheduler.take_sp
 after every step), so a long request's drafting shows while it runs; request counters move
 when a request ends. The router's own counters (how often its sessions deliberated or reused
 a recent decision: router/pacing.py) stay where the router keeps them and are read at each
-scrape (ChoiceCollector). Each Metrics has its own registry, so several servers (tests) in one
+scrape (ChoiceCollector), and so do the prefix cache's (PrefixCacheCollector). Each Metrics has its own registry, so several servers (tests) in one
 process never share counters. Counters are exposed with prometheus_client's `_total` suffix, as vLLM's are
 (e.g. specrouter:spec_decode_num_draft_tokens_total{level="qwen2.5-coder-0.5b"}).
 """
@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from specrouter.cascade.chain import LevelStats
 from specrouter.engine.batch import KvUse
+from specrouter.engine.prefix_cache import PrefixCacheStats
 from specrouter.engine.request import GenerationResult
 from specrouter.router.pacing import ChoicePacing
 
@@ -76,6 +77,10 @@ class Metrics:
         """Export the choices of the router whose sessions share `pacing` (once per router)."""
         self.registry.register(ChoiceCollector(pacing))
 
+    def watch_prefix_cache(self, stats: PrefixCacheStats) -> None:
+        """Export a scheduler's prefix cache counters (once per scheduler)."""
+        self.registry.register(PrefixCacheCollector(stats))
+
     def kv(self, use: Mapping[str, KvUse]) -> None:
         """The live KV use per model (after every scheduler step); a model no sequence holds reads 0."""
         for name in self._kv_models - use.keys():
@@ -132,3 +137,19 @@ class ChoiceCollector(Collector):
             if seconds is not None:
                 yield GaugeMetricFamily("specrouter:" + name, f"Exponential average of the seconds {what} took.",
                                         value=seconds)
+
+
+class PrefixCacheCollector(Collector):
+    """The prefix cache's counters (engine/prefix_cache.py), in tokens as vLLM's
+    prefix_cache_queries / prefix_cache_hits are: prompt tokens looked up, and of those the
+    positions the target took from a finished request's cache."""
+
+    def __init__(self, stats: PrefixCacheStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats
+        yield CounterMetricFamily("specrouter:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                  value=s.queries)
+        yield CounterMetricFamily("specrouter:prefix_cache_hits", "Prompt positions the target took from the prefix "
+                                  "cache instead of computing them.", value=s.hits)

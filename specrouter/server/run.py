@@ -10,6 +10,7 @@ import click
 
 from specrouter.backends.base import Backend
 from specrouter.engine.batch import BatchScheduler, pool_planner
+from specrouter.engine.prefix_cache import PrefixCache
 from specrouter.pool import Pool
 from specrouter.router import Router, auto_router
 from specrouter.server.config import ServeConfig
@@ -27,14 +28,16 @@ class Engine:
 
     def __post_init__(self) -> None:
         self.service.metrics.watch_choices(self.router.pacing)  # its /metrics shows how the router chose
+        self.service.metrics.watch_prefix_cache(self.service.scheduler.prefix_cache.stats)
 
 
 @contextmanager
 def build_engine(config: ServeConfig) -> Iterator[Engine]:
     """The pool, its router and the scheduler as `config` says; the models close on exit."""
-    # One KV slot per model for every sequence that can run at once.
+    # One KV slot per model for every sequence that can run at once, and every one the prefix cache keeps.
+    kept = config.kept_sequences
     pool = Pool(cache_dir=config.cache_dir, n_ctx=config.n_ctx, n_threads=config.threads,
-                n_seq_max=config.max_batch, device=config.device, exact=config.exact, gpu_layers=config.offload)
+                n_seq_max=config.max_batch + kept, device=config.device, exact=config.exact, gpu_layers=config.offload)
     try:
         router = auto_router(pool, config.served, config.models, profile_file=config.profile, lookup=config.lookup,
                              memory=config.suffix_memory())
@@ -45,7 +48,7 @@ def build_engine(config: ServeConfig) -> Iterator[Engine]:
             pool.chain(list(default.chain), list(default.draft_lengths) or None)
         plan = pool_planner(pool, config.served, router, default)
         scheduler = BatchScheduler(plan, config.max_batch, stall_seconds=config.stall_seconds or None,
-                                   prefill_share=config.prefill_share or None)
+                                   prefill_share=config.prefill_share or None, prefix_cache=PrefixCache(kept))
         target = pool.model(config.served)
         yield Engine(Service(scheduler, target, config.levels, config.max_queue, config.request_timeout or None),
                      router, target)

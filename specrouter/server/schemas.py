@@ -431,10 +431,15 @@ class SpeculationUsage(BaseModel):
     mean_tokens_per_cycle: float
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="prompt tokens the target took from a finished request's cache")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
     speculation: SpeculationUsage
 
     @classmethod
@@ -463,7 +468,8 @@ class Usage(BaseModel):
             mean_tokens_per_cycle=tokens / cycles if cycles else 0.0,
         )
         prompt = results[0].prompt_tokens
-        return cls(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens, speculation=spec)
+        return cls(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=results[0].cached_tokens), speculation=spec)
 
 
 FinishReason = Literal["stop", "length", "tool_calls"]

@@ -13,7 +13,12 @@ Prints one JSON object:
 - "batched": the same two lists for auto through the batch scheduler, the prompts 4 at a
   time, the second half joining as the first finish, and the most sequences one call took
   (expected: no prompt: in exact mode a sequence's rows are the same bits whatever shares
-  its forward or its context, so the batch compositions auto's timings choose move nothing).
+  its forward or its context, so the batch compositions auto's timings choose move nothing);
+- "next_turns": the same two lists for conversations' second turns through a batch scheduler
+  with a prefix cache (tests/real/turns.py; auto, 4 prompts, two conversations at a time):
+  each turn 2 takes its turn 1's KV slot itself (exact mode's streams share no cells) and
+  must write what the target alone writes cold, bit for bit; and the turns whose cached
+  prompt tokens are not what turn 1's cache held (expected: none).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from specrouter.engine import GenerationResult, generate
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.pool import Pool
 from specrouter.router import auto_router
+
+from .turns import FOLLOW_UP, resumable, two_turns
 
 SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 BLOCK = 24
@@ -98,12 +105,35 @@ def main() -> None:
     compare("auto", auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
                                 lookup="suffix", memory=SuffixMemory()))
     batched, max_batch = batched_auto(pool, prompts)
+    next_turns = next_turn_differences(pool, prompts[:2] + prompts[-2:], references)
     pool.close()
     json.dump({"blocks": blocks, "greedy": greedy, "logprobs": logprobs, "prompts": [pid for pid, _ in prompts],
                "batched": {"greedy": [pid for pid, r in batched.items() if r.token_ids != references[pid].token_ids],
                            "logprobs": [pid for pid, r in batched.items() if r.logprobs != references[pid].logprobs],
-                           "max_batch": max_batch}},
+                           "max_batch": max_batch},
+               "next_turns": next_turns},
               sys.stdout)
+
+
+def next_turn_differences(pool: Pool, prompts: list[tuple[str, list[int]]],
+                          references: dict[str, GenerationResult]) -> dict[str, list[str]]:
+    """Second turns resumed from the prefix cache against the target alone cold."""
+    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
+                         lookup="suffix", memory=SuffixMemory())
+    target, alone = pool.model(TARGET), pool.chain([TARGET])
+    turns = two_turns(lambda r: router.session(), prompts, target.tokenize(FOLLOW_UP, add_special=False), TOKENS,
+                      LOGPROBS)
+    greedy, logprobs, cached = [], [], []
+    for pid, (first, second_prompt, second) in turns.items():
+        cold = generate(alone, second_prompt, SamplingParams(), TOKENS, logprobs=LOGPROBS)
+        for name, got, expected in ((f"{pid} turn 1", first, references[pid]), (f"{pid} turn 2", second, cold)):
+            if got.token_ids != expected.token_ids:
+                greedy.append(name)
+            if got.logprobs != expected.logprobs:
+                logprobs.append(name)
+        if second.cached_tokens != resumable(first, second_prompt):
+            cached.append(f"{pid}: {second.cached_tokens} of {resumable(first, second_prompt)}")
+    return {"greedy": greedy, "logprobs": logprobs, "cached": cached}
 
 
 def batched_auto(pool: Pool, prompts: list[tuple[str, list[int]]]) -> tuple[dict[str, GenerationResult], int]:

@@ -5,11 +5,13 @@ import numpy as np
 import pytest
 
 from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine import generate
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.router import auto_router
 
 from .conftest import REFERENCE_TOKENS, SMALL, TARGET
 from .greedy_check import assert_outputs_match
+from .turns import resumable, two_turns
 
 # Different batch shapes take different kernels (see test_rollback_real): same tolerance.
 MEAN_TOL, MAX_TOL = 0.15, 1.0
@@ -77,3 +79,25 @@ def test_batched_greedy_matches_each_sequence_alone(pool, references, speculatio
     assert_outputs_match(target, references, outputs, f"batched {speculation}")
     for model in (pool.level(SMALL), target):
         assert len(model._free_slots) == model.n_seq_max  # nothing leaked
+
+
+def test_a_request_continuing_an_answer_resumes_from_the_prefix_cache(pool, references):
+    """Turn 2 (turn 1's prompt and answer: a "continue" request) takes every position turn 1's
+    caches held, in both models of the chain (llama.cpp shares the cells), two conversations
+    at a time; both turns write the target alone's text cold (near-tie rule: the shared cells
+    were computed by forwards of other sizes), and every slot is free once the cache is
+    closed. A new instruction after a truncated answer would open 3-4-way ties at its first
+    tokens (seen: four tokens within 0.15), which the near-tie rule can only count; exact
+    mode (test_exact_real.py) checks a follow-up instruction bit for bit."""
+    target = pool.level(TARGET)
+    chain = pool.chain([SMALL, TARGET], [3])
+    turns = two_turns(lambda r: chain, [(pid, ref[0]) for pid, ref in references.items()], [], REFERENCE_TOKENS)
+    assert {pid: second.cached_tokens for pid, (_, _, second) in turns.items()} == \
+        {pid: resumable(first, prompt) for pid, (first, prompt, _) in turns.items()}
+    alone = pool.chain([TARGET])
+    cold = {pid: (prompt, generate(alone, prompt, SamplingParams(), REFERENCE_TOKENS).token_ids)
+            for pid, (_, prompt, _) in turns.items()}
+    assert_outputs_match(target, references, {pid: t[0].token_ids for pid, t in turns.items()}, "turn 1")
+    assert_outputs_match(target, cold, {pid: t[2].token_ids for pid, t in turns.items()}, "turn 2, resumed")
+    for model in (pool.level(SMALL), target):
+        assert len(model._free_slots) == model.n_seq_max  # the cache released what it kept

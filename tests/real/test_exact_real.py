@@ -46,6 +46,13 @@ def test_auto_through_the_batch_scheduler_matches_the_target_alone_exactly(exact
     assert batched["greedy"] == [] and batched["logprobs"] == [] and batched["max_batch"] > 1  # really batched
 
 
+def test_a_next_turn_resumed_from_the_prefix_cache_matches_the_target_alone_cold_exactly(exact_results):
+    """Exact mode's streams share no cells: a conversation's turn 2 takes turn 1's KV slot
+    itself, cut back to what its prompt shares; its cells are where they were computed, so
+    turn 2 writes what the target alone writes on the whole prompt cold, bit for bit."""
+    assert exact_results["next_turns"] == {"greedy": [], "logprobs": [], "cached": []}
+
+
 def test_exact_mode_after_a_forward_in_the_process_is_refused(pool):
     target = pool.model(TARGET)
     seq = target.new_sequence()

@@ -24,6 +24,7 @@ from specrouter.chat import chat_prompt_tokens
 from specrouter.engine import generate
 from specrouter.engine.batch import BatchScheduler, Speculation, pool_planner
 from specrouter.engine.prefill import PREFILL_SHARE
+from specrouter.engine.prefix_cache import PrefixCache
 from specrouter.errors import UnknownModelError
 from specrouter.server.app import create_app
 from specrouter.server.config import ServeConfig
@@ -63,23 +64,25 @@ class SynthPool:
 
 
 def _service(models: list[SyntheticBackend], router, max_batch: int, max_queue: int,
-             request_timeout: float | None, prefill_share: float | None) -> Service:
+             request_timeout: float | None, prefill_share: float | None, prefix_cache: int = 0) -> Service:
     plan = pool_planner(SynthPool(models), MODEL, router, Speculation())
-    return Service(BatchScheduler(plan, max_batch, prefill_share=prefill_share), models[2], LEVELS, max_queue,
-                   request_timeout)
+    return Service(BatchScheduler(plan, max_batch, prefill_share=prefill_share, prefix_cache=PrefixCache(prefix_cache)),
+                   models[2], LEVELS, max_queue, request_timeout)
 
 
 def build_engine(sleep: bool = False, max_batch: int = 4, max_queue: int = 16,
                  request_timeout: float | None = None, memory: SuffixMemory | None = None, n_ctx: int = N_CTX,
-                 prefill_share: float | None = PREFILL_SHARE) -> tuple[Engine, list[SyntheticBackend]]:
+                 prefill_share: float | None = PREFILL_SHARE,
+                 prefix_cache: int = 0) -> tuple[Engine, list[SyntheticBackend]]:
     """The synthetic family as `specrouter serve` builds a pool (server/run.Engine): the
     service, the router `auto` uses (with a memory, over the suffix lookup reading it; else the
-    n-gram) and the target."""
+    n-gram) and the target; prefix_cache: finished requests kept (0: none, so every request
+    leaves no KV behind)."""
     models = family(sleep, n_ctx)
     small, mid, target = models
     lookup = "ngram" if memory is None else "suffix"
     router = make_router(target, [small, mid], lookup=lookup, memory=memory)
-    service = _service(models, router, max_batch, max_queue, request_timeout, prefill_share)
+    service = _service(models, router, max_batch, max_queue, request_timeout, prefill_share, prefix_cache)
     return Engine(service, router, target), models
 
 

@@ -258,3 +258,26 @@ def test_metrics_count_the_routers_choices_per_routed_cycle(server, client, engi
         assert after[("specrouter:router_choices_total", (("decision", decision),))] == getattr(pacing, decision)
     assert after[("specrouter:router_choice_seconds", ())] == pacing.deliberation > 0
     assert after[("specrouter:router_cycle_seconds", ())] == pacing.cycle > 0
+
+
+def test_a_chats_next_turn_takes_the_conversation_from_the_prefix_cache_and_says_so():
+    """usage.prompt_tokens_details.cached_tokens (OpenAI's field) counts the prompt positions
+    the target took from the finished turn: all of turn 1 but its last token. The text is the
+    target's; /metrics counts the lookups and hits in tokens; the kept turn holds the only
+    cells left, one sequence per model."""
+    built, models = build_engine(prefix_cache=2)
+    with running_server(built.service) as (url, _), \
+            openai.OpenAI(api_key="unused", base_url=url + "/v1", max_retries=0) as client:
+        first = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=20, temperature=0)
+        turn = [*CHAT, {"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "more"}]
+        second = client.chat.completions.create(model=MODEL, messages=turn, max_tokens=20, temperature=0)
+        assert second.choices[0].message.content == reference_text(messages=turn, max_tokens=20)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens + 20 - 1
+        samples = metric_samples(url)
+        assert samples[("specrouter:prefix_cache_hits_total", ())] == first.usage.prompt_tokens + 19
+        assert samples[("specrouter:prefix_cache_queries_total", ())] == (first.usage.prompt_tokens
+                                                                          + second.usage.prompt_tokens)
+        assert wait_until(lambda: built.service.live_sequences == 0)
+        assert models[2].live_sequences == 1 and leaked_kv(models) <= len(models)  # the kept turn only

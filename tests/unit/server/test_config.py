@@ -43,6 +43,8 @@ def test_flags_override_the_file(tmp_path):
 
 @pytest.mark.parametrize("values,message", [
     ({"max_batch": 0}, "max_batch: Input should be greater than or equal to 1"),
+    ({"prefix_cache": -1}, "prefix_cache: Input should be greater than or equal to 0"),
+    ({"prefix_cache": "some"}, "prefix_cache: Input should be a valid integer"),
     ({"colour": "red"}, "colour: Extra inputs are not permitted"),
     ({"chain": f"{TARGET},{SMALL}"}, "must end at the served model"),
     ({"chain": f"missing,{TARGET}"}, "must use levels of"),
@@ -100,6 +102,10 @@ def test_serve_flags_and_environment_override_the_file(served, tmp_path):
     assert (c.port, c.max_batch, c.chain, c.host, c.request_timeout, c.api_key, c.max_queue, c.profile) == (
         9200, 3, "off", "0.0.0.0", 0, "from-env", 5, Path("costs.json"))
     assert (c.offload.of(TARGET), c.offload.of(SMALL)) == (-1, 0)
+    assert c.kept_sequences == 3  # the prefix cache keeps as many finished requests as run at once
+    result = CliRunner().invoke(main, [*args, "--prefix-cache", "0"], env={"SPECROUTER_API_KEY": "from-env"})
+    assert result.exit_code == 0, result.output
+    assert (served[-1].prefix_cache, served[-1].kept_sequences) == (0, 0)
 
 
 def test_serve_with_a_bad_flag_exits_2_with_one_line(served):

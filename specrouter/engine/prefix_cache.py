@@ -1,0 +1,116 @@
+"""Finished requests' KV caches kept for the requests that begin the same way.
+
+A chat's next turn sends the whole conversation again, and an agent's every call its
+system prompt and tools: a new prompt often begins with tokens an earlier request's caches
+still held when it finished. The batch scheduler hands a finished request's SequenceState
+to `keep` instead of releasing it, and a request it admits takes, from the kept state whose
+caches share the longest prefix with its prompt (`donor`), that prefix in every model
+(SequenceState.resume), so it feeds only the rest: a chat's second turn pays for its new
+message, not the conversation again (vLLM's automatic prefix caching and llama-server's
+`cache_prompt` do the same).
+
+How the prefix is taken, per model (Backend.share_prefix):
+- shared: llama.cpp's unified cache tags the cells with the new sequence too, torch copies
+  the tensors; the kept state stays, for later requests as well;
+- taken over where the backend cannot share (llama.cpp in exact mode: a KV stream per
+  sequence): the new request gets the kept sequence's slot itself, cut back to the prefix,
+  and the kept state leaves the cache. Its cells are where they were when computed, and
+  exact mode computes every row bit for bit as one-token decoding does, so the output stays
+  the target alone's bit for bit, as after any rollback.
+In default mode the shared cells were computed by forwards of other sizes than a cold
+prefill's, which moves logits by kernel rounding: greedy output equals the target alone's
+up to near-ties, as batching already does (docs/bit-exact.md).
+
+What is kept: at most `capacity` states, the least recently used leaving first; a finished
+state replaces the kept one it resumed from (the conversation's earlier turn: the new one
+holds what the next turn will ask for) and any kept one it covers (every cache of the kept
+one a prefix of its own). Kept states hold a sequence slot in each of
+their models, so the pool must have `capacity` slots per model beyond the batch's
+(n_seq_max = max_batch + capacity); in a unified llama.cpp cache, cells shared with live
+requests are counted once. `capacity` 0 keeps nothing: every state is released at once.
+
+A prefix reused across requests is visible in timing (a shorter first token); a server
+whose clients must not learn anything of each other's prompts runs with a capacity of 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specrouter.errors import InvalidParameterError
+from specrouter.state import SequenceState
+
+
+@dataclass
+class PrefixCacheStats:
+    """Plain counters (read by the server's metrics)."""
+
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # of those, positions the target took from a kept state
+    kept: int = 0  # states kept
+    evicted: int = 0  # states released by the capacity, or taken over
+
+
+class PrefixCache:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = self.check_capacity(capacity)
+        self._kept: list[SequenceState] = []  # least recently used first
+        self.stats = PrefixCacheStats()
+
+    @staticmethod
+    def check_capacity(capacity: object) -> int:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+            raise InvalidParameterError(f"the prefix cache's capacity must be an integer >= 0 (sequences kept), "
+                                        f"got {capacity!r}")
+        return capacity
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def kept(self) -> tuple[SequenceState, ...]:
+        """The states kept, least recently used first."""
+        return tuple(self._kept)
+
+    def keep(self, state: SequenceState) -> None:
+        """A finished sequence's state: kept (its slots with it), or released."""
+        if self.capacity == 0 or not state.kv_tokens():
+            state.release()
+            return
+        for old in [s for s in self._kept if s is state.resumed_from or state.covers(s)]:
+            self._drop(old)
+        state.resumed_from = None  # a long conversation's turns do not hold each other
+        self._kept.append(state)
+        self.stats.kept += 1
+        while len(self._kept) > self.capacity:
+            self._drop(self._kept[0])
+
+    def resume(self, state: SequenceState, prompt: Sequence[int], target: str) -> int:
+        """Before `state`'s first forward: the kept state sharing the longest prefix with
+        `prompt` gives it that prefix in every model (SequenceState.resume); the positions
+        the `target` model took."""
+        self.stats.queries += len(prompt)
+        held = [(s.held_prefix(prompt), s) for s in reversed(self._kept)]  # newest first: max keeps the first of equals
+        n, best = max(held, key=lambda h: h[0], default=(0, None))
+        if n == 0:
+            return 0
+        models = len(best.kv_tokens())
+        taken = state.resume(best, prompt).get(target, 0)
+        self._kept.remove(best)
+        if len(best.kv_tokens()) < models:  # a model's slot was taken over: the rest is of no use alone
+            self.stats.evicted += 1
+            best.release()
+        else:
+            self._kept.append(best)  # most recently used
+        self.stats.hits += taken
+        return taken
+
+    def _drop(self, state: SequenceState) -> None:
+        self._kept.remove(state)
+        self.stats.evicted += 1
+        state.release()
+
+    def clear(self) -> None:
+        """Release every kept state (the scheduler closes)."""
+        for state in list(self._kept):
+            self._drop(state)

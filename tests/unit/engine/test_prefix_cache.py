@@ -1,0 +1,189 @@
+"""The prefix cache: a finished request's caches serve later prompts that begin the same way
+(engine/prefix_cache.py), with the output unchanged, only the rest of the prompt computed,
+the books equal to the caches, and the slots bounded and freed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specrouter.backends.synthetic import SyntheticBackend
+from specrouter.cascade.chain import Chain
+from specrouter.cascade.sampling import SamplingParams
+from specrouter.engine import generate
+from specrouter.engine.batch import BatchScheduler, SeqRequest
+from specrouter.engine.prefix_cache import PrefixCache
+from specrouter.errors import InvalidParameterError
+
+from ..router_synth import family, make_router
+from .test_batch import VOCAB, chains, drain, finished, models
+
+FIRST = [(5 * i + 1) % (VOCAB - 1) for i in range(60)]
+
+
+def books(scheduler: BatchScheduler, chain: Chain):
+    """A check after every step: every cache, of live and of kept sequences, holds exactly
+    what its sequence's books say."""
+
+    def check():
+        states = [a.run.state for a in scheduler._active.values()] + list(scheduler.prefix_cache.kept())
+        for state in states:
+            for model in chain.models:
+                if (slot := state.slot(model)) is not None:
+                    assert model.kv_tokens(slot) == state.cached_tokens(model)
+
+    return check
+
+
+def held(turn) -> int:
+    """What a finished turn's target cache holds: every committed token but the last (an EOS
+    that ended it is committed, not in token_ids)."""
+    return turn.prompt_tokens + len(turn.token_ids) - (turn.finish_reason == "length")
+
+
+def alone(chain: Chain, prompt: list[int], params: SamplingParams, n: int) -> list[int]:
+    return generate(chain, prompt, params, n, rng=np.random.default_rng(params.seed)).token_ids
+
+
+@pytest.mark.parametrize("name", ["target", "2-level", "3-level", "ngram-3-level"])
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, seed=7)], ids=["greedy", "sampled"])
+def test_a_next_turn_takes_the_conversation_from_the_finished_turn_and_feeds_only_the_rest(name, params):
+    """Turn 2's prompt is turn 1's prompt, its answer and a new message: with the cache it
+    takes every position turn 1's target cache held (all of turn 1 but its last token), each
+    model computes that many tokens fewer, and both turns write what they write alone."""
+    first = alone(chains(*models())[name], FIRST, params, 30)
+    second_prompt = FIRST + first + [3, 1, 4, 1, 5]
+    second = alone(chains(*models())[name], second_prompt, params, 25)
+
+    def run(capacity: int):
+        chain = chains(*models())[name]
+        scheduler = BatchScheduler(lambda r: chain, max_batch=2, prefix_cache=PrefixCache(capacity))
+        check = books(scheduler, chain)
+        scheduler.add("turn 1", SeqRequest(FIRST, params, 30))
+        one = finished(drain(scheduler, check=check)["turn 1"])
+        scheduler.add("turn 2", SeqRequest(second_prompt, params, 25))
+        two = finished(drain(scheduler, check=check)["turn 2"])
+        decoded = {m.name: m.decoded_tokens for m in chain.models}
+        kept = len(scheduler.prefix_cache)
+        scheduler.close()
+        assert all(m.live_sequences == 0 for m in chain.models)
+        return one, two, decoded, kept
+
+    one, two, with_cache, kept = run(2)
+    cold_one, cold_two, without, _ = run(0)
+    assert one.token_ids == cold_one.token_ids == first and two.token_ids == cold_two.token_ids == second
+    assert two.cached_tokens == held(one) and cold_two.cached_tokens == 0 == one.cached_tokens
+    saved = {m: without[m] - with_cache[m] for m in without}
+    assert saved["target"] == two.cached_tokens
+    assert all(0 < s <= two.cached_tokens for s in saved.values())  # the drafts held at most what the target held
+    assert kept == 1  # turn 2 replaced turn 1, which it resumed from
+
+
+def test_kept_requests_are_bounded_the_least_recently_used_leaving_first():
+    target, mid, small = models()
+    chain = Chain([small, target], [3])
+    cache = PrefixCache(2)
+    scheduler = BatchScheduler(lambda r: chain, max_batch=2, prefix_cache=cache)
+    prompts = {name: [first] + [(3 * i + first) % (VOCAB - 1) for i in range(40)] for name, first in
+               (("a", 1), ("b", 2), ("c", 4))}
+    for name in "ab":
+        scheduler.add(name, SeqRequest(prompts[name], SamplingParams(), 8))
+        drain(scheduler)
+    assert [[s.held_prefix(prompts[x]) for x in "ab"] for s in cache.kept()] == [[41, 0], [0, 41]]
+    # b's prompt again (a retry, a shared system prompt): it takes all of it but the token it
+    # must feed, and its own finished state, holding the same, replaces b's.
+    scheduler.add("b again", SeqRequest(prompts["b"], SamplingParams(), 8))
+    assert finished(drain(scheduler)["b again"]).cached_tokens == 40
+    assert [[s.held_prefix(prompts[x]) for x in "ab"] for s in cache.kept()] == [[41, 0], [0, 41]]
+    # c: over the capacity, a (the least recently used) leaves.
+    scheduler.add("c", SeqRequest(prompts["c"], SamplingParams(), 8))
+    drain(scheduler)
+    assert [[s.held_prefix(prompts[x]) for x in "abc"] for s in cache.kept()] == [[0, 41, 0], [0, 0, 41]]
+    assert cache.stats.evicted == 2 and cache.stats.kept == 4
+    assert target.live_sequences == small.live_sequences == 2
+    scheduler.close()
+    assert target.live_sequences == small.live_sequences == 0
+
+
+class Unshared(SyntheticBackend):
+    """A backend whose sequences share no cells (llama.cpp's exact mode: a stream each)."""
+
+    def share_prefix(self, src: int, dst: int, n: int) -> bool:
+        return False
+
+
+def test_a_backend_that_cannot_share_hands_over_the_kept_slot_itself():
+    """The next turn takes the finished turn's slot, cut back to the shared prefix; the kept
+    state leaves the cache (its other models' slots freed), and the output is unchanged."""
+    target = Unshared("target", vocab=VOCAB, eos_id=VOCAB - 1, params_b=1.5)
+    small = Unshared("small", vocab=VOCAB, model_seed=3, noise=1.2, eos_id=VOCAB - 1, params_b=0.1)
+    chain = Chain([small, target], [3])
+    cache = PrefixCache(2)
+    scheduler = BatchScheduler(lambda r: chain, max_batch=2, prefix_cache=cache)
+    check = books(scheduler, chain)
+    scheduler.add("turn 1", SeqRequest(FIRST, SamplingParams(), 20))
+    first = finished(drain(scheduler, check=check)["turn 1"]).token_ids
+    assert len(first) > 11 and len(cache) == 1 and target.live_sequences == 1
+    # A prompt that departs from turn 1 inside its answer: the slot is cut back to what they share.
+    second_prompt = FIRST + first[:10] + [(first[10] + 1) % (VOCAB - 1), 2, 3]
+    scheduler.add("turn 2", SeqRequest(second_prompt, SamplingParams(), 20))
+    second = finished(drain(scheduler, check=check)["turn 2"])
+    assert second.cached_tokens == len(FIRST) + 10
+    assert second.token_ids == alone(Chain([small, target], [3]), second_prompt, SamplingParams(), 20)
+    assert len(cache) == 1 and cache.stats.evicted == 1  # turn 1 was taken over; turn 2 is kept
+    assert target.live_sequences == small.live_sequences == 1
+    scheduler.close()
+    assert target.live_sequences == small.live_sequences == 0
+
+
+def test_router_sessions_resume_and_write_the_target_alone_greedy_output():
+    """auto's sessions start from the models' kept caches (the router sees what they hold)."""
+    target, mid, small = family()
+    router = make_router(target, [mid, small])
+    scheduler = BatchScheduler(lambda r: router.session(), max_batch=2, prefix_cache=PrefixCache(4))
+    scheduler.add("1", SeqRequest(FIRST, SamplingParams(), 30))
+    one = finished(drain(scheduler)["1"])
+    first = one.token_ids
+    prompt = FIRST + first + [2, 7]
+    scheduler.add("2", SeqRequest(prompt, SamplingParams(), 30))
+    second = finished(drain(scheduler)["2"])
+    assert second.cached_tokens == held(one)
+    assert second.token_ids == generate(Chain([target], []), prompt, SamplingParams(), 30).token_ids
+
+
+def test_capacity_zero_keeps_nothing_and_unrelated_prompts_take_nothing():
+    target, mid, small = models()
+    chain = Chain([small, target], [3])
+    scheduler = BatchScheduler(lambda r: chain, max_batch=2, prefix_cache=PrefixCache(0))
+    scheduler.add("1", SeqRequest(FIRST, SamplingParams(), 10))
+    drain(scheduler)
+    assert target.live_sequences == small.live_sequences == 0
+    cache = PrefixCache(3)
+    scheduler = BatchScheduler(lambda r: chain, max_batch=2, prefix_cache=cache)
+    scheduler.add("1", SeqRequest(FIRST, SamplingParams(), 10))
+    drain(scheduler)
+    scheduler.add("2", SeqRequest([VOCAB - 2] + FIRST, SamplingParams(), 10))
+    assert finished(drain(scheduler)["2"]).cached_tokens == 0
+    assert cache.stats.queries == 2 * len(FIRST) + 1 and cache.stats.hits == 0 and len(cache) == 2
+
+
+@pytest.mark.parametrize("capacity", [-1, 1.5, True, "4", None])
+def test_a_capacity_that_is_not_a_count_is_refused(capacity):
+    with pytest.raises(InvalidParameterError, match=r"the prefix cache's capacity must be an integer >= 0 "
+                                                    r"\(sequences kept\), got " + repr(capacity).replace(".", r"\.")):
+        PrefixCache(capacity)
+
+
+def test_of_two_sequences_holding_the_same_only_one_is_kept():
+    """Two requests of one prompt run together (neither could resume from the other): the
+    second to finish covers the first, which gives way."""
+    target, mid, small = models()
+    chain = Chain([small, target], [3])
+    cache = PrefixCache(4)
+    scheduler = BatchScheduler(lambda r: chain, max_batch=2, prefix_cache=cache)
+    scheduler.add("1", SeqRequest(FIRST, SamplingParams(), 10))
+    scheduler.add("2", SeqRequest(FIRST, SamplingParams(), 10))
+    events = drain(scheduler)
+    assert finished(events["1"]).token_ids == finished(events["2"]).token_ids
+    assert len(cache) == 1 and cache.stats.kept == 2 and cache.stats.hits == 0
+    assert target.live_sequences == small.live_sequences == 1
