@@ -53,6 +53,9 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
+    """The kept states (module docstring); `capacity`: how many, 0 for none. Used by one
+    scheduler's thread."""
+
     def __init__(self, capacity: int) -> None:
         self.capacity = self.check_capacity(capacity)
         self._kept: list[SequenceState] = []  # least recently used first
