@@ -111,8 +111,17 @@ class SequenceState:
         sharing those positions (Backend.share_prefix) instead of computing them. Returns how
         many positions were taken (0: no donor, no donor cache, a slot already, or a backend
         that cannot share)."""
-        key, donor = id(backend), self.donor
-        if donor is None or key in self._slots or key not in donor._slots:
+        donor = self.donor
+        if donor is None or id(backend) not in donor._slots:
+            return 0
+        return self._take(donor, backend, tokens, take_over=False)
+
+    def _take(self, donor: SequenceState, backend: Backend, tokens: Sequence[int], take_over: bool) -> int:
+        """The prefix of `tokens` the donor's cache of `backend` holds (all but the last token
+        at most), shared; where the backend cannot share, the donor's slot itself, cut back to
+        it, if `take_over` (the donor loses that model), else nothing. The positions taken."""
+        key = id(backend)
+        if key in self._slots:
             return 0
         n = min(common_prefix(donor._cached[key], tokens), len(tokens) - 1)
         if n <= 0:
@@ -120,7 +129,11 @@ class SequenceState:
         seq = backend.new_sequence()
         if not backend.share_prefix(donor._slots[key], seq, n):
             backend.free_sequence(seq)
-            return 0
+            if not take_over:
+                return 0
+            seq = donor._slots[key]
+            backend.remove(seq, n)
+            del donor._slots[key], donor._cached[key], donor._backends[key]
         self._slots[key], self._cached[key], self._backends[key] = seq, list(tokens[:n]), backend
         return n
 
@@ -143,19 +156,11 @@ class SequenceState:
         releases it). Returns the positions taken per model name (added to `resumed`)."""
         taken: dict[str, int] = {}
         self.resumed_from = finished
-        for key, backend in list(finished._backends.items()):
-            n = min(common_prefix(finished._cached[key], tokens), len(tokens) - 1)
-            if n <= 0 or key in self._slots:
-                continue
-            seq = backend.new_sequence()
-            if not backend.share_prefix(finished._slots[key], seq, n):
-                backend.free_sequence(seq)
-                seq = finished._slots[key]
-                backend.remove(seq, n)
-                del finished._slots[key], finished._cached[key], finished._backends[key]
-            self._slots[key], self._cached[key], self._backends[key] = seq, list(tokens[:n]), backend
-            taken[backend.name] = n
-            self.resumed[backend.name] = self.resumed.get(backend.name, 0) + n
+        for backend in list(finished._backends.values()):
+            n = self._take(finished, backend, tokens, take_over=True)
+            if n:
+                taken[backend.name] = n
+                self.resumed[backend.name] = self.resumed.get(backend.name, 0) + n
         return taken
 
     def adopt_all(self, tokens: Sequence[int]) -> int:
