@@ -3,8 +3,8 @@
 A chat's next turn sends the whole conversation again, and an agent's every call its
 system prompt and tools: a new prompt often begins with tokens an earlier request's caches
 still held when it finished. The batch scheduler hands a finished request's SequenceState
-to `keep` instead of releasing it, and a request it admits takes, from the kept state whose
-caches share the longest prefix with its prompt (`donor`), that prefix in every model
+to `keep` instead of releasing it, and a request it admits takes (`resume`), from the kept
+state whose caches share the longest prefix with its prompt, that prefix in every model
 (SequenceState.resume), so it feeds only the rest: a chat's second turn pays for its new
 message, not the conversation again (vLLM's automatic prefix caching and llama-server's
 `cache_prompt` do the same).
