@@ -12,8 +12,9 @@ prefilling it again (at the end of that cycle, before the first may finish and f
 and on its first forward of a model the first used later, while the first is live).
 
 Prefix cache (prefix_cache.py, when given one): a finished request's caches are kept, and a
-request admitted later takes from them the longest prefix of its prompt they hold (a chat's
-earlier turns, a shared system prompt) before its first cycle, so the router prices its
+request admitted later takes from those of its partition (SeqRequest.cache_partition) the
+longest prefix of its prompt they hold (a chat's earlier turns, a shared system prompt)
+before its first cycle, so the router prices its
 models with what they already hold and the first forwards feed only the rest.
 
 Chunked prefill (prefill.py): while some sequence decodes, a forward that must first feed
@@ -57,6 +58,8 @@ class SeqRequest:
     speculation: Speculation | None = None  # None: the scheduler's default
     #: The request's part of the cross-request suffix memory (OPTED_OUT: none).
     memory: MemoryScope = field(default_factory=MemoryScope)
+    #: The prefix cache's partition it resumes from and keeps its caches in (prefix_cache.py).
+    cache_partition: str = ""
     #: Which of its request's choices this sequence is (n > 1): its own random stream.
     choice: int = 0
     #: The id of a sequence with the same prompt (its request's choice 0) whose KV this one
@@ -101,6 +104,7 @@ Planner = Callable[[SeqRequest], Chain | ChainRouter]
 @dataclass
 class _Active:
     run: SequenceRun
+    cache_partition: str = ""  # its request's (SeqRequest.cache_partition)
     steps: Generator[EvalRequest, np.ndarray, list[int]] | None = None  # the cycle in progress
     pending: EvalRequest | None = None  # the forward it waits for
     reported: int = 0  # tokens counted in Deltas so far
@@ -167,7 +171,7 @@ class BatchScheduler:
         #: The chunked-prefill policy (None: none).
         self.prefill = ChunkedPrefill(prefill_share) if prefill_share is not None else None
         self.prefix_cache = prefix_cache if prefix_cache is not None else PrefixCache(0)
-        self._waiting: deque[tuple[str, SequenceRun]] = deque()
+        self._waiting: deque[tuple[str, _Active]] = deque()  # not yet admitted
         self._active: dict[str, _Active] = {}
         #: Sequences that wait for another's first cycle to take its prompt's KV: id -> donor's id.
         self._after: dict[str, str] = {}
@@ -219,12 +223,12 @@ class BatchScheduler:
         if donor is not None and donor.context[: donor.prompt_tokens] == list(request.prompt_tokens):
             run.state.donor = donor.state
             self._after[request_id] = request.shares_prompt_with
-        self._waiting.append((request_id, run))
+        self._waiting.append((request_id, _Active(run, request.cache_partition)))
 
     def _run_of(self, request_id: str) -> SequenceRun | None:
         if request_id in self._active:
             return self._active[request_id].run
-        return next((run for rid, run in self._waiting if rid == request_id), None)
+        return next((a.run for rid, a in self._waiting if rid == request_id), None)
 
     def _holds(self, request_id: str) -> bool:
         """Whether a sequence still waits for its donor's first cycle (the donor is live and
@@ -243,7 +247,7 @@ class BatchScheduler:
         for item in list(self._waiting):
             if item[0] == request_id:
                 self._waiting.remove(item)
-                item[1].release()
+                item[1].run.release()
                 self._after.pop(request_id, None)
                 return True
         active = self._active.pop(request_id, None)
@@ -260,10 +264,10 @@ class BatchScheduler:
         """Admit waiting requests, start cycles, then serve each model's pending forwards."""
         events: list[Event] = []
         while self._waiting and len(self._active) < self.max_batch:
-            rid, run = self._waiting.popleft()
-            self._active[rid] = _Active(run)
+            rid, a = self._waiting.popleft()
+            self._active[rid] = a
             try:
-                self.prefix_cache.resume(run.state, run.context, run.target.name)
+                self.prefix_cache.resume(a.run.state, a.run.context, a.run.target.name, a.cache_partition)
             except Exception as exc:  # noqa: BLE001 - a model failed sharing its cells: this request fails alone
                 self._fail(rid, self._active[rid], exc, events)
         for rid, a in list(self._active.items()):
@@ -312,8 +316,8 @@ class BatchScheduler:
     def close(self) -> None:
         for rid in list(self._active):
             self.cancel(rid)
-        for _, run in self._waiting:
-            run.release()
+        for _, a in self._waiting:
+            a.run.release()
         self._waiting.clear()
         self.prefix_cache.clear()
 
@@ -376,7 +380,7 @@ class BatchScheduler:
 
     def _finish(self, rid: str, a: _Active, events: list[Event]) -> None:
         del self._active[rid]
-        a.run.release(self.prefix_cache.keep)
+        a.run.release(lambda state: self.prefix_cache.keep(state, a.cache_partition))
         delta, result = a.run.result()
         last = a.delta(rid, delta, final=True)
         if last.text or last.logprobs:

@@ -29,8 +29,13 @@ their models, so the pool must have `capacity` slots per model beyond the batch'
 (n_seq_max = max_batch + capacity); in a unified llama.cpp cache, cells shared with live
 requests are counted once. `capacity` 0 keeps nothing: every state is released at once.
 
-A prefix reused across requests is visible in timing (a shorter first token); a server
-whose clients must not learn anything of each other's prompts runs with a capacity of 0.
+Partitions: every kept state belongs to the partition of the request that wrote it, and a
+request resumes only from states of its own partition ("" unless its caller says otherwise;
+the server derives it from the API key presented and the request's `cache_salt`). A prefix
+reused across requests is visible in timing (a shorter first token), so requests of
+different partitions learn nothing of each other's prompts this way; they still share the
+capacity (a partition's new states push out the least recently used of any). A state that
+covers another replaces it only within one partition.
 """
 
 from __future__ import annotations
@@ -52,13 +57,19 @@ class PrefixCacheStats:
     evicted: int = 0  # states released by the capacity, or taken over
 
 
+@dataclass(eq=False)  # compared by identity: list.remove must find this entry, not an equal one
+class _Kept:
+    state: SequenceState
+    partition: str
+
+
 class PrefixCache:
     """The kept states (module docstring); `capacity`: how many, 0 for none. Used by one
     scheduler's thread."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = self.check_capacity(capacity)
-        self._kept: list[SequenceState] = []  # least recently used first
+        self._kept: list[_Kept] = []  # least recently used first
         self.stats = PrefixCacheStats()
 
     @staticmethod
@@ -73,47 +84,50 @@ class PrefixCache:
 
     def kept(self) -> tuple[SequenceState, ...]:
         """The states kept, least recently used first."""
-        return tuple(self._kept)
+        return tuple(k.state for k in self._kept)
 
-    def keep(self, state: SequenceState) -> None:
-        """A finished sequence's state: kept (its slots with it), or released."""
+    def keep(self, state: SequenceState, partition: str = "") -> None:
+        """A finished sequence's state, written by a request of `partition`: kept (its slots
+        with it), or released."""
         if self.capacity == 0 or not state.kv_tokens():
             state.release()
             return
-        for old in [s for s in self._kept if s is state.resumed_from or state.covers(s)]:
+        for old in [k for k in self._kept if k.state is state.resumed_from
+                    or (k.partition == partition and state.covers(k.state))]:
             self._drop(old)
         state.resumed_from = None  # a long conversation's turns do not hold each other
-        self._kept.append(state)
+        self._kept.append(_Kept(state, partition))
         self.stats.kept += 1
         while len(self._kept) > self.capacity:
             self._drop(self._kept[0])
 
-    def resume(self, state: SequenceState, prompt: Sequence[int], target: str) -> int:
-        """Before `state`'s first forward: the kept state sharing the longest prefix with
-        `prompt` gives it that prefix in every model (SequenceState.resume); the positions
-        the `target` model took."""
+    def resume(self, state: SequenceState, prompt: Sequence[int], target: str, partition: str = "") -> int:
+        """Before `state`'s first forward: the kept state of `partition` sharing the longest
+        prefix with `prompt` gives it that prefix in every model (SequenceState.resume); the
+        positions the `target` model took."""
         self.stats.queries += len(prompt)
-        held = [(s.held_prefix(prompt), s) for s in reversed(self._kept)]  # newest first: max keeps the first of equals
+        held = [(k.state.held_prefix(prompt), k) for k in reversed(self._kept)  # newest first: max keeps the first
+                if k.partition == partition]  # of equals
         n, best = max(held, key=lambda h: h[0], default=(0, None))
         if n == 0:
             return 0
-        models = len(best.kv_tokens())
-        taken = state.resume(best, prompt).get(target, 0)
+        models = len(best.state.kv_tokens())
+        taken = state.resume(best.state, prompt).get(target, 0)
         self._kept.remove(best)
-        if len(best.kv_tokens()) < models:  # a model's slot was taken over: the rest is of no use alone
+        if len(best.state.kv_tokens()) < models:  # a model's slot was taken over: the rest is of no use alone
             self.stats.evicted += 1
-            best.release()
+            best.state.release()
         else:
             self._kept.append(best)  # most recently used
         self.stats.hits += taken
         return taken
 
-    def _drop(self, state: SequenceState) -> None:
-        self._kept.remove(state)
+    def _drop(self, kept: _Kept) -> None:
+        self._kept.remove(kept)
         self.stats.evicted += 1
-        state.release()
+        kept.state.release()
 
     def clear(self) -> None:
         """Release every kept state (the scheduler closes)."""
-        for state in list(self._kept):
-            self._drop(state)
+        for kept in list(self._kept):
+            self._drop(kept)

@@ -168,6 +168,14 @@ def create_app(service: Serving, config: ServeConfig) -> FastAPI:
             return MemoryScope()
         return MemoryScope(hashlib.sha256(creds.credentials.encode()).hexdigest())
 
+    def cache_partition(body, creds: HTTPAuthorizationCredentials | None) -> str:
+        """The request's partition of the prefix cache (engine/prefix_cache.py): requests
+        resume only from caches that requests with the same key and the same `cache_salt`
+        left; "" for those with neither."""
+        if creds is None and body.cache_salt is None:
+            return ""
+        return hashlib.sha256(json.dumps([creds.credentials if creds else None, body.cache_salt]).encode()).hexdigest()
+
     v1 = APIRouter(prefix="/v1", responses=_ERRORS)
     names = config.served_model_name or [service.model_name]
     model = names[0]  # what responses report
@@ -199,7 +207,8 @@ def create_app(service: Serving, config: ServeConfig) -> FastAPI:
         creds = await bearer(request)
         session = request.headers.get(SESSION_HEADER) or body.prompt_cache_key or body.user
         handles = await service.submit(_seq_request(body, tokens, max_tokens, speculation,
-                                                     memory_scope(body, creds), logprobs, grammar), body.n,
+                                                     memory_scope(body, creds), cache_partition(body, creds),
+                                                     logprobs, grammar), body.n,
                                        affinity=session)
         ident, created = f"{prefix}-{handles[0].id}", int(time.time())
         if body.stream:
@@ -381,8 +390,8 @@ def _check_model(requested: str, served: list[str]) -> None:
 
 
 def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: list[int], max_tokens: int,
-                 speculation: Speculation | None, memory: MemoryScope, logprobs: int | None,
-                 grammar: Grammar | None) -> SeqRequest:
+                 speculation: Speculation | None, memory: MemoryScope, cache_partition: str,
+                 logprobs: int | None, grammar: Grammar | None) -> SeqRequest:
     # Below 1e-5 the warped distribution is the argmax up to exact ties: such temperatures
     # are greedy (as in vLLM).
     temperature = body.temperature if body.temperature >= _MIN_TEMPERATURE else 0.0
@@ -391,7 +400,7 @@ def _seq_request(body: s.CompletionRequest | s.ChatCompletionRequest, tokens: li
                             presence_penalty=body.presence_penalty, repetition_penalty=body.repetition_penalty,
                             logit_bias=body.engine_logit_bias, grammar=grammar)
     return SeqRequest(tokens, params, max_tokens=max_tokens, stop=body.stop_list, speculation=speculation,
-                      memory=memory, logprobs=logprobs)
+                      memory=memory, cache_partition=cache_partition, logprobs=logprobs)
 
 
 async def _results_unless_disconnected(handles: list[ChoiceHandle], request: Request) -> list[GenerationResult] | None:

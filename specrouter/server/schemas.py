@@ -1,7 +1,8 @@
 """Request and response bodies of the HTTP API: OpenAI's shapes plus a few extensions.
 
 The extensions are `speculation` on a request ("auto", "off", or a fixed chain with draft
-lengths), `suffix_memory` on a request (false: opt out of the cross-request memory), `exact`
+lengths), `suffix_memory` on a request (false: opt out of the cross-request memory),
+`cache_salt` (vLLM's: the prefix cache shared only with requests of the same salt), `exact`
 on a request (true: refused unless the server runs exact kernels, `serve --exact`), vLLM's
 `top_k`, `min_p`, `repetition_penalty` and `chat_template_kwargs`, structured output beyond
 response_format (`regex`; `grammar`, GBNF or Lark as llama-server takes it), and
@@ -23,7 +24,7 @@ from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
-                      model_validator)
+                      StrictStr, model_validator)
 from pydantic_core import PydanticCustomError
 
 from specrouter.cascade.chain import LevelStats
@@ -202,6 +203,9 @@ class _Sampling(BaseModel):
     speculation: SpeculationField | None = Field(None, description="default: the server's chain setting")
     suffix_memory: StrictBool = Field(True, description="false: this request is neither drafted from the server's "
                                                         "cross-request suffix memory nor added to it (extension)")
+    cache_salt: StrictStr | None = Field(None, min_length=1, max_length=1024,
+                                         description="the request resumes only from prefix caches that requests with "
+                                                     "the same salt (and API key) left (extension, as in vLLM)")
     exact: StrictBool | None = Field(None, description="true: greedy output bit-identical to the target alone's, "
                                                        "which needs a server started with --exact; false: refused "
                                                        "by such a server (extension)")

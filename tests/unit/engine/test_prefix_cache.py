@@ -187,3 +187,29 @@ def test_of_two_sequences_holding_the_same_only_one_is_kept():
     assert finished(events["1"]).token_ids == finished(events["2"]).token_ids
     assert len(cache) == 1 and cache.stats.kept == 2 and cache.stats.hits == 0
     assert target.live_sequences == small.live_sequences == 1
+
+
+def test_a_request_resumes_only_from_caches_its_own_partition_left():
+    """Kept states of another partition give nothing, however much they hold (timing tells a
+    tenant nothing of another's prompts), and do not give way to one that covers them."""
+    target, mid, small = models()
+    chain = Chain([small, target], [3])
+    cache = PrefixCache(4)
+    scheduler = BatchScheduler(lambda r: chain, max_batch=2, prefix_cache=cache)
+    check = books(scheduler, chain)
+
+    def run(rid: str, partition: str) -> tuple[list[int], int]:
+        scheduler.add(rid, SeqRequest(FIRST, SamplingParams(), 10, cache_partition=partition))
+        result = finished(drain(scheduler, check=check)[rid])
+        return result.token_ids, result.cached_tokens
+
+    tokens, cached = run("a", "tenant a")
+    assert cached == 0
+    assert run("b", "tenant b") == (tokens, 0)  # the same prompt, another partition
+    assert run("c", "") == (tokens, 0)
+    assert len(cache) == 3  # each covers the others, but only within a partition does one replace another
+    assert run("a again", "tenant a") == (tokens, len(FIRST) - 1)  # all but the token it must feed
+    assert run("b again", "tenant b") == (tokens, len(FIRST) - 1)
+    assert len(cache) == 3 and cache.stats.hits == 2 * (len(FIRST) - 1) and cache.stats.evicted == 2
+    scheduler.close()
+    assert target.live_sequences == small.live_sequences == 0

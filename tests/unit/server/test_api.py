@@ -281,3 +281,36 @@ def test_a_chats_next_turn_takes_the_conversation_from_the_prefix_cache_and_says
                                                                           + second.usage.prompt_tokens)
         assert wait_until(lambda: built.service.live_sequences == 0)
         assert models[2].live_sequences == 1 and leaked_kv(models) <= len(models)  # the kept turn only
+
+
+def test_the_prefix_cache_serves_only_requests_with_the_same_key_and_cache_salt():
+    """A prompt sent again takes all of it but its last token from the cache, unless an
+    earlier request with another API key or another cache_salt left it (vLLM's cache_salt);
+    the text is the target's either way."""
+    built, _ = build_engine(prefix_cache=4)
+    with running_server(built.service) as (url, _):
+        def send(key: str, **extra) -> tuple[int, int]:
+            with openai.OpenAI(api_key=key, base_url=url + "/v1", max_retries=0) as client:
+                r = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=6, temperature=0,
+                                                   extra_body=extra or None)
+            assert r.choices[0].message.content == reference_text(messages=CHAT, max_tokens=6)
+            return r.usage.prompt_tokens_details.cached_tokens, r.usage.prompt_tokens
+
+        cached, prompt = send("key-a")
+        assert cached == 0
+        assert send("key-b") == (0, prompt)
+        assert send("key-a", cache_salt="salt") == (0, prompt)
+        assert send("key-a") == (prompt - 1, prompt)
+        assert send("key-a", cache_salt="salt") == (prompt - 1, prompt)
+        assert send("key-b", cache_salt="salt") == (0, prompt)
+
+
+@pytest.mark.parametrize(("salt", "message"), [(5, "Input should be a valid string"),
+                                               ("", "String should have at least 1 character")])
+def test_a_cache_salt_that_is_not_a_nonempty_string_is_a_400_naming_the_field(salt, message):
+    built, _ = build_engine(prefix_cache=1)
+    with running_server(built.service) as (url, _):
+        r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "cache_salt": salt})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "cache_salt" and message in error["message"]
