@@ -2,12 +2,15 @@
 with the real models, validated against real runs on this machine, then asked what a GPU
 would do (roofline: a simulation, labelled so).
 
-    python -m benchmarks.simulation [--per-dataset 5] [--max-tokens 128] [--repeats 1] [--target NAME] [--stem NAME]
+    python -m benchmarks.simulation [--prompts first-turn|copy] [--per-dataset 5] [--max-tokens 128] [--repeats 1]
+                                    [--target NAME] [--stem NAME]
     python -m benchmarks.simulation --trace benchmarks/results/NAME-trace.json [--no-validate] [--batches 1,8,32]
                                     [--phases in-phase|serve-all] [--gpu-profile FILE ...] [--no-rooflines]
 
 1. Record (skipped with --trace): HumanEval (raw completion), GSM8K and MT-Bench (first
-   turn, chat), the default q4 llama.cpp 1.5B target (or --target) with the q4 0.5B recorded beside it
+   turn, chat), or with --prompts copy the copy workloads (benchmarks/workloads.py: code
+   editing, MT-Bench second turns after the target's own greedy first answer, documents;
+   --per-dataset tasks each), the default q4 llama.cpp 1.5B target (or --target) with the q4 0.5B recorded beside it
    (branches of 24 tokens: the router's longest model draft); the trace is written beside
    the results (<stem>-trace.json).
 2. Validate (specrouter.sim.validate): per request the target alone, then --repeats times
@@ -31,11 +34,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from benchmarks.args import write_result
 from benchmarks.chains import RESULTS, SMALL, TARGET, load_prompts
+from benchmarks.copy_drafting import build_prompts
 from benchmarks.machine import machine_info
 from specrouter.engine.phase import InPhase, ServeAll, StepModels
 from specrouter.pool import Pool
@@ -50,6 +56,9 @@ from specrouter.sim.validate import validate
 
 BRANCH_TOKENS = 24
 ROOFLINES = (("h100", 5.0), ("h200", 5.0), ("h200", 0.5))
+#: --prompts: what is recorded, (dataset or workload, id, prompt tokens) per request.
+PROMPT_SETS: dict[str, Callable[[Any, int], list[tuple[str, str, list[int]]]]] = {
+    "first-turn": load_prompts, "copy": lambda target, n: build_prompts(target, n)[0]}
 #: --phases: which models a step of the batch scheduler calls.
 PHASES: dict[str, StepModels] = {"in-phase": InPhase(), "serve-all": ServeAll()}
 #: How a report says it (a result from before --phases was served with serve-all).
@@ -60,15 +69,15 @@ STEP_MODELS = {"in-phase": "the model most sequences wait on and any whose seque
 def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None, stem: str, out: Path,
         do_validate: bool, target_name: str = TARGET, batches: tuple[int, ...] = BATCHES,
         phases_name: str = "in-phase", host: HostCosts = NO_HOST, gpu_profiles: tuple[Path, ...] = (),
-        rooflines: bool = True) -> dict:
+        rooflines: bool = True, prompt_set: str = "first-turn") -> dict:
     phases: dict[str, float] = {}
     started = time.perf_counter()
     pool = Pool(n_ctx=4096, n_seq_max=1)
     try:
         if trace_file is None:
             target, machine = pool.model(target_name), machine_info()
-            trace = record(target, [pool.model(SMALL)], load_prompts(target, per_dataset), max_tokens, BRANCH_TOKENS,
-                           note=f"{machine['cpu']}, {machine['date']}",
+            trace = record(target, [pool.model(SMALL)], PROMPT_SETS[prompt_set](target, per_dataset), max_tokens,
+                           BRANCH_TOKENS, note=f"{machine['cpu']}, {machine['date']}, prompts: {prompt_set}",
                            progress=lambda what: print(f"recording {what}", flush=True))
             trace_file = out / f"{stem}-trace.json"
             trace.save(trace_file)
@@ -217,7 +226,9 @@ def markdown(result: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-dataset", type=int, default=5)
+    ap.add_argument("--prompts", choices=list(PROMPT_SETS), default="first-turn",
+                    help="what is recorded: the first-turn sets or the copy workloads (ignored with --trace)")
+    ap.add_argument("--per-dataset", type=int, default=5, help="requests per dataset (per workload)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1, help="auto runs per request in the validation")
     ap.add_argument("--target", default=TARGET, help="the target recorded (e.g. qwen2.5-coder-1.5b:torch-fp32)")
@@ -243,7 +254,7 @@ def main() -> None:
     result = (json.loads(args.render.read_text()) if args.render is not None
               else run(args.per_dataset, args.max_tokens, args.repeats, args.trace, stem, args.out,
                        not args.no_validate, args.target, tuple(int(b) for b in args.batches.split(",") if b),
-                       args.phases, args.host_ms, tuple(args.gpu_profile), not args.no_rooflines))
+                       args.phases, args.host_ms, tuple(args.gpu_profile), not args.no_rooflines, args.prompts))
     write_result(result, args.out, stem, markdown)
 
 

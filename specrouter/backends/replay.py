@@ -29,6 +29,9 @@ tokens) says what the run would have cost on the machine the latency describes.
   tokens it feeds at positions from the prompt's last token on (the prefill is the same for
   every method compared, and the copy ceiling's replay leaves it out too). While no script
   is current (a profiler's probes), every token counts.
+- The context is priced where asked (`context_latency(n, c)`: what n priced tokens fed after c
+  cached tokens cost beyond the latency, CostProfile.context_seconds): added per sequence,
+  in a batched call too (each sequence's tokens attend over its own cache).
 """
 
 from __future__ import annotations
@@ -154,9 +157,11 @@ class ReplayBackend(SyntheticBackend):
     def __init__(self, name: str, scripts: Sequence[Script], latency: Callable[[int], float],
                  params_b: float = 1.0, tracks: Sequence[Track] | None = None,
                  vocabulary: Vocabulary | None = None, price_prompt: bool = False,
-                 batch_latency: Callable[[float, int], float] | None = None) -> None:
+                 batch_latency: Callable[[float, int], float] | None = None,
+                 context_latency: Callable[[int, int], float] | None = None) -> None:
         """batch_latency(n, b): what one call of b sequences feeding n tokens in all costs
-        (default: latency(n), one forward over all their tokens)."""
+        (default: latency(n), one forward over all their tokens); context_latency: see the
+        module docstring (default: the context costs nothing)."""
         if tracks is not None and ([len(t.argmax) for t in tracks] != [len(s.answer) + 1 for s in scripts]
                                    or any(len(t.confidence) != len(t.argmax) for t in tracks)):
             raise ValueError(f"{name}: a track needs len(answer) + 1 tokens and confidences per script")
@@ -166,6 +171,7 @@ class ReplayBackend(SyntheticBackend):
         self.eos_ids = self.vocabulary.eos_ids
         self.scripts, self.tracks, self.price_prompt = list(scripts), tracks, price_prompt
         self.batch_latency = batch_latency
+        self.context_latency = context_latency
         self._played: list[_Played] = []
 
     def compact(self, tokens: Sequence[int]) -> list[int]:
@@ -228,9 +234,17 @@ class ReplayBackend(SyntheticBackend):
         prompt = played.prompt if played is not None else 0
         return len(tokens) - max(0, min(len(tokens), prompt - 1 - pos))
 
+    def _context_cost(self, priced: int, tokens: Sequence[int], pos: int) -> float:
+        """What a forward's `priced` tokens (its last ones) pay for the context before them."""
+        if self.context_latency is None or not priced:
+            return 0.0
+        return self.context_latency(priced, pos + len(tokens) - priced)
+
     def decode(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray:
         logits = self._extend(seq, tokens, pos, n_logits)
-        self._charge(self._priced(seq, tokens, pos))
+        priced = self._priced(seq, tokens, pos)
+        self._charge(priced)
+        self.simulated_seconds += self._context_cost(priced, tokens, pos)
         return logits
 
     def decode_batch(self, items: Sequence[tuple[int, Sequence[int], int, int]]) -> list[np.ndarray]:
@@ -239,7 +253,10 @@ class ReplayBackend(SyntheticBackend):
             return [self.decode(*items[0])]
         out = [self._extend(*item) for item in items]
         self.batch_calls += 1
-        n = sum(self._priced(seq, tokens, pos) for seq, tokens, pos, _ in items)
+        priced = [self._priced(seq, tokens, pos) for seq, tokens, pos, _ in items]
+        n = sum(priced)
+        self.simulated_seconds += sum(self._context_cost(p, tokens, pos)
+                                      for p, (_, tokens, pos, _) in zip(priced, items, strict=True))
         if self.batch_latency is None:
             self._charge(n)
         else:

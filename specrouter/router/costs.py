@@ -5,6 +5,16 @@ its disk cache): a table per model of {n tokens: seconds}, interpolated linearly
 between the measured sizes and extrapolated from the last two beyond them (catch-up
 runs past 32 tokens); batched calls have a table over B as well. OnlineCosts corrects
 it from the timings of real cycles (see there): what the router predicts with.
+
+The tables are timed after PROFILED_CONTEXT cached tokens. A forward after c cached tokens
+costs more: each of its n tokens attends over c keys (compute, linear in n c, on a CPU),
+and reads c tokens' K and V. Where a profile also holds a model's context table (the same
+forwards timed after LONG_CONTEXT tokens), `seconds_after` interpolates linearly in c
+between the two tables and extrapolates beyond: measured on a 2-core EPYC (q4 1.5B), a
+16-token forward cost 255 ms after 32 tokens, 348 after 1,024 and 422 after 2,048, a
+one-token forward 33 / 38 / 46 ms (docs/simulation.md). The router's predictions do not
+read it yet (its OnlineCosts level follows a longer context as a whole); the simulator
+prices every replayed forward with it.
 """
 
 from __future__ import annotations
@@ -16,6 +26,12 @@ import numpy as np
 
 from specrouter.cascade.penalties import penalized
 from specrouter.drafters import MODEL_FREE
+
+
+#: Cached tokens before every timed forward of a profile's tables.
+PROFILED_CONTEXT = 32
+#: Cached tokens before every timed forward of a context table.
+LONG_CONTEXT = 1024
 
 
 def default_lookup_seconds() -> dict[str, float]:
@@ -69,13 +85,15 @@ def nondecreasing(table: dict[int, float]) -> dict[int, float]:
 class CostProfile:
     """Seconds per forward, model name -> {n tokens: seconds}; seconds per lookup of each
     model-free drafter (whatever n); and per model, batched calls: {B sequences: {n tokens
-    each: seconds of the call}}."""
+    each: seconds of the call}}; per model, optionally, its context table: {n tokens:
+    seconds} after LONG_CONTEXT cached tokens (the module docstring)."""
 
     tables: dict[str, dict[int, float]] = field(default_factory=dict)
     lookup_seconds: dict[str, float] = field(default_factory=default_lookup_seconds)
     batch_tables: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
     #: Models whose batched call is a loop over the sequences: it costs B single calls.
     looped: set[str] = field(default_factory=set)
+    context_tables: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def seconds(self, name: str, n: float, batch: float = 1) -> float:
         """One call of `batch` sequences with n tokens each (n tokens of one sequence at batch 1)."""
@@ -92,18 +110,37 @@ class CostProfile:
         per_batch.update({b: interpolate(t, n) for b, t in batched.items()})
         return interpolate(per_batch, batch)
 
+    def context_seconds(self, name: str, n: float, context: float) -> float:
+        """What a forward of n tokens after `context` cached tokens costs beyond the same
+        forward after PROFILED_CONTEXT: linear in the context between the model's table
+        and its context table, never below 0; 0 for a model without a context table (and
+        for a lookup)."""
+        long = self.context_tables.get(name)
+        if long is None or name in self.lookup_seconds:
+            return 0.0
+        extra = interpolate(long, n) - interpolate(self.tables[name], n)
+        return max(0.0, extra * (context - PROFILED_CONTEXT) / (LONG_CONTEXT - PROFILED_CONTEXT))
+
+    def seconds_after(self, name: str, n: float, context: float) -> float:
+        """One forward of n tokens of one sequence after `context` cached tokens."""
+        return self.seconds(name, n) + self.context_seconds(name, n, context)
+
     def as_dict(self) -> dict:
-        return {"lookup_seconds": dict(self.lookup_seconds),
-                "models": {m: {str(n): s for n, s in sorted(t.items())} for m, t in self.tables.items()},
-                "batched": {m: {str(b): {str(n): s for n, s in sorted(t.items())} for b, t in sorted(bt.items())}
-                            for m, bt in self.batch_tables.items()}}
+        out = {"lookup_seconds": dict(self.lookup_seconds),
+               "models": {m: {str(n): s for n, s in sorted(t.items())} for m, t in self.tables.items()},
+               "batched": {m: {str(b): {str(n): s for n, s in sorted(t.items())} for b, t in sorted(bt.items())}
+                           for m, bt in self.batch_tables.items()}}
+        if self.context_tables:
+            out["context"] = {"tokens": LONG_CONTEXT, "models": {m: {str(n): s for n, s in sorted(t.items())}
+                                                                 for m, t in self.context_tables.items()}}
+        return out
 
     def nondecreasing(self) -> CostProfile:
-        """A copy with every model's table, and every batched table over n, fitted
-        non-decreasing in n (`nondecreasing`); lookups as they are."""
+        """A copy with every model's table, and every batched and context table over n,
+        fitted non-decreasing in n (`nondecreasing`); lookups as they are."""
         return CostProfile({m: nondecreasing(t) for m, t in self.tables.items()}, dict(self.lookup_seconds),
                            {m: {b: nondecreasing(t) for b, t in bt.items()} for m, bt in self.batch_tables.items()},
-                           set(self.looped))
+                           set(self.looped), {m: nondecreasing(t) for m, t in self.context_tables.items()})
 
     @classmethod
     def from_dict(cls, data: dict) -> CostProfile:
@@ -114,7 +151,11 @@ class CostProfile:
         if "ngram_seconds" in data:  # files written before lookups were named per drafter
             lookups["ngram"] = float(data["ngram_seconds"])
         lookups.update({k: float(v) for k, v in data.get("lookup_seconds", {}).items()})
-        return cls(tables, lookups, batched)
+        context = data.get("context")
+        if context is not None and int(context["tokens"]) != LONG_CONTEXT:
+            raise ValueError(f"its context tables were timed after {context['tokens']} tokens, not {LONG_CONTEXT}")
+        contexts = {m: {int(n): float(s) for n, s in t.items()} for m, t in (context or {}).get("models", {}).items()}
+        return cls(tables, lookups, batched, set(), contexts)
 
 
 class OnlineCosts:
@@ -208,9 +249,11 @@ class OnlineCosts:
 
     def _refit(self, name: str, level: float) -> None:
         """Replace the model's profile by refined_table: its level and shapes start over, and
-        its batched table (timed as wrongly) is dropped (a call then costs its tokens together)."""
+        its batched and context tables (timed as wrongly) are dropped (a call then costs its
+        tokens together, whatever its context)."""
         self.profile.tables[name] = self.refined_table(name)
         self.profile.batch_tables.pop(name, None)
+        self.profile.context_tables.pop(name, None)
         self._level.pop(name, None)
         for key in [k for k in self._shape if k[0] == name]:
             del self._shape[key]

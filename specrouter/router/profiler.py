@@ -3,7 +3,10 @@ machine, and keep them in a disk cache (the cost model they feed: costs.py).
 
 A forward's cost is measured the way the cascade uses it: on top of a cached prefix,
 n new tokens with logits for all n (a verifier needs a row per proposal), then the n
-positions are removed again. Only a subset of n is timed (costs.py interpolates).
+positions are removed again. Only a subset of n is timed (costs.py interpolates). The
+prefix is PROFILED_CONTEXT tokens; a few sizes are timed again after LONG_CONTEXT tokens
+(the context table: what a long conversation adds to every forward, costs.py), where the
+model's context holds them.
 
 Profiles are cached as JSON, one file per model, keyed by what changes the timing:
 the model file (its sha256 stamp for pool models, else size + mtime), the backend,
@@ -30,7 +33,7 @@ from tqdm import tqdm
 from specrouter.backends.base import Backend
 from specrouter.drafters import MODEL_FREE
 from specrouter.errors import BackendError, InvalidParameterError
-from specrouter.router.costs import CostProfile, OnlineCosts
+from specrouter.router.costs import LONG_CONTEXT, PROFILED_CONTEXT, CostProfile, OnlineCosts
 
 #: Timed sizes: dense where the cost curve bends (small n), sparse above.
 PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -40,7 +43,8 @@ PROFILE_REPEATS = 3
 #: points: between and beyond them the cost is interpolated over B as over n.
 PROFILE_BATCHES = (2, 4, 8)
 PROFILE_BATCH_NS = (1, 2, 4, 8)
-PREFIX_TOKENS = 32
+#: Sizes timed again after LONG_CONTEXT cached tokens (the context table).
+CONTEXT_NS = (1, 4, 16, 32)
 _FORMAT = 1
 _PREFIX_TEXT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n"
 
@@ -62,9 +66,10 @@ def time_forwards(
     repeats: int = PROFILE_REPEATS,
     clock: Callable[[], float] = time.perf_counter,
     bar: tqdm | None = None,
+    context: int = PROFILED_CONTEXT,
 ) -> dict[int, list[float]]:
-    """Every timed forward over n tokens after a cached prefix (`repeats` per n)."""
-    prefix = _prefix_tokens(backend, PREFIX_TOKENS)
+    """Every timed forward over n tokens after `context` cached tokens (`repeats` per n)."""
+    prefix = _prefix_tokens(backend, context)
     filler = _prefix_tokens(backend, max(ns))
     seq = backend.new_sequence()
     try:
@@ -168,7 +173,7 @@ def profile_batches(
 ) -> dict[int, dict[int, float]]:
     """Median seconds of one decode_batch of B sequences x n tokens, each after a cached
     prefix. Batch sizes beyond the backend's free sequence slots are skipped."""
-    prefix = _prefix_tokens(backend, PREFIX_TOKENS)
+    prefix = _prefix_tokens(backend, PROFILED_CONTEXT)
     filler = _prefix_tokens(backend, max(ns))
     seqs: list[int] = []
     try:
@@ -347,7 +352,7 @@ def profile_files(directory: Path, backends: Iterable[Backend]) -> dict[str, str
     nodes of one CPU model (specrouter.fleet)."""
     files = {}
     for backend in backends:
-        for file in (_cache_file(directory, backend), _cache_file(directory, backend, ".batch")):
+        for file in (_cache_file(directory, backend, kind) for kind in ("", ".batch", ".context")):
             try:
                 files[file.name] = file.read_text()
             except OSError:
@@ -385,7 +390,9 @@ def _load_or_profile(
     sample: Callable[[], CpuSample] | None = None,
 ) -> CostProfile:
     """Cached profiles where valid; the others are measured (one progress bar) and saved.
-    Batched timings live in a file of their own (`<model>.batch.json`, same key).
+    Batched timings live in a file of their own (`<model>.batch.json`, same key), and so
+    do the context table's (`<model>.context.json`; measured where the model's context
+    holds LONG_CONTEXT + the largest of CONTEXT_NS tokens).
     `given` (see read_profile): the models it names take its costs and are not measured.
 
     A measurement is used but not cached, with a warning, when it cannot be trusted: other
@@ -395,10 +402,12 @@ def _load_or_profile(
     not physical is measured again."""
     sample = sample or (cpu_sample if clock is time.perf_counter else _no_sample)
     profile = CostProfile()
-    todo, todo_batch = [], []
+    todo, todo_batch, todo_context = [], [], []
     for backend in backends:
         if given is not None and backend.name in given.tables:
             profile.tables[backend.name] = given.tables[backend.name]
+            if backend.name in given.context_tables:
+                profile.context_tables[backend.name] = given.context_tables[backend.name]
             if not backend.batches_natively:
                 profile.looped.add(backend.name)
             elif backend.name in given.batch_tables:
@@ -410,6 +419,12 @@ def _load_or_profile(
             todo.append((backend, key))
         else:
             profile.tables[backend.name] = table
+        if backend.n_ctx > LONG_CONTEXT + max(CONTEXT_NS):
+            long = None if force else _read_cached(_cache_file(directory, backend, ".context"), key)
+            if long is None:
+                todo_context.append((backend, key))
+            else:
+                profile.context_tables[backend.name] = long
         if not backend.batches_natively:
             profile.looped.add(backend.name)  # nothing to measure: B calls in a row
         elif batches:
@@ -418,7 +433,8 @@ def _load_or_profile(
                 todo_batch.append((backend, key))
             else:
                 profile.batch_tables[backend.name] = batched
-    total = (len(todo) * len(ns) + len(todo_batch) * len(batches) * len(PROFILE_BATCH_NS)) * repeats
+    total = (len(todo) * len(ns) + len(todo_batch) * len(batches) * len(PROFILE_BATCH_NS)
+             + len(todo_context) * len(CONTEXT_NS)) * repeats
     if total:
         with tqdm(total=total, desc="profiling", unit="fwd", disable=not progress) as bar:
             for backend, key in todo:
@@ -434,6 +450,18 @@ def _load_or_profile(
                 else:
                     _write(_cache_file(directory, backend), {"format": _FORMAT, "key": key,
                                                              "table": {str(n): s for n, s in table.items()}})
+            for backend, key in todo_context:
+                bar.set_postfix_str(f"{backend.name} after {LONG_CONTEXT} tokens")
+                start = sample()
+                times = time_forwards(backend, CONTEXT_NS, repeats, clock=clock, bar=bar, context=LONG_CONTEXT)
+                long = profile.context_tables[backend.name] = {n: statistics.median(t) for n, t in times.items()}
+                why = busy(start, sample()) or unsteady(times) or implausible(long)
+                if why:
+                    warnings.warn(f"the context table of {backend.name} is used for this run only, not cached: {why}",
+                                  stacklevel=3)
+                else:
+                    _write(_cache_file(directory, backend, ".context"), {
+                        "format": _FORMAT, "key": key, "table": {str(n): s for n, s in long.items()}})
             for backend, key in todo_batch:
                 bar.set_postfix_str(f"{backend.name} batched")
                 start = sample()
@@ -484,6 +512,7 @@ def read_profile(file: Path) -> CostProfile:
         profile = CostProfile.from_dict(data)
         values = [s for t in profile.tables.values() for s in t.values()]
         values += [s for bt in profile.batch_tables.values() for t in bt.values() for s in t.values()]
+        values += [s for t in profile.context_tables.values() for s in t.values()]
         if not profile.tables or any(not t for t in profile.tables.values()) or any(not s > 0 for s in values):
             raise ValueError("no model, an empty table or a cost that is not > 0")
     except OSError as exc:

@@ -1,8 +1,9 @@
 """Trace-driven simulation: the real engine, router and cascade over a trace's recorded
 requests (backends/replay.py), on a simulated clock priced by a cost profile.
 
-Every model of the trace becomes a ReplayBackend whose forward of n tokens costs
-profile.seconds(model, n); the clock is the sum of all models' simulated seconds (one
+Every model of the trace becomes a ReplayBackend whose forward of n tokens after c cached
+tokens costs profile.seconds_after(model, n, c) (the context priced where the profile has a
+context table: costs.py); the clock is the sum of all models' simulated seconds (one
 device, forwards one after another). A method (the target alone, a fixed chain, or the
 router) generates each request greedily with the trace's max_tokens (the router's choices
 depend on the room left) and must commit exactly the recorded answer (else SimulationError): its
@@ -100,7 +101,8 @@ class Replay:
             return ReplayBackend(name, scripts, latency=lambda n: profile.seconds(name, n) + host.seconds(1, n),
                                  params_b=trace.params_b[name], tracks=tracks.get(name), vocabulary=vocabulary,
                                  price_prompt=price_prompt,
-                                 batch_latency=lambda n, b: profile.seconds(name, n / b, b) + host.seconds(b, n))
+                                 batch_latency=lambda n, b: profile.seconds(name, n / b, b) + host.seconds(b, n),
+                                 context_latency=lambda n, c: profile.context_seconds(name, n, c))
 
         self.target = backend(trace.target)
         self.drafts = [backend(d) for d in trace.drafts]

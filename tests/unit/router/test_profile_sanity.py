@@ -53,12 +53,15 @@ def test_a_profile_timed_on_a_busy_machine_is_used_but_not_cached(tmp_path):
     m = model(tmp_path)
     cores = os.cpu_count() or 1
     # 10 s of profiling, 2 CPU-seconds ours, other processes half of every core
-    loaded = samples(CpuSample(0.0, 0.0, 0.0), CpuSample(10.0, 2.0 + 0.5 * 10 * cores, 2.0))
-    with pytest.warns(UserWarning, match=f"the profile of m is used for this run only, not cached: other processes "
-                                         f"used 50% of the {cores} cores"):
+    loaded = samples(*[CpuSample(0.0, 0.0, 0.0), CpuSample(10.0, 2.0 + 0.5 * 10 * cores, 2.0)] * 2)  # table, context
+    with pytest.warns(UserWarning) as caught:
         profile = load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=lambda: m.simulated_seconds,
                                   batches=(), sample=loaded)
-    assert profile.tables["m"][1] == pytest.approx(0.012) and not (tmp_path / "p" / "m.json").exists()
+    assert [str(w.message) for w in caught] == [
+        f"the {what} of m is used for this run only, not cached: other processes used 50% of the {cores} cores "
+        "while it was timed" for what in ("profile", "context table")]
+    assert profile.tables["m"][1] == pytest.approx(0.012) and profile.context_tables["m"][1] == pytest.approx(0.012)
+    assert not (tmp_path / "p" / "m.json").exists() and not (tmp_path / "p" / "m.context.json").exists()
 
 
 def test_repeats_that_disagree_are_not_cached(tmp_path):
@@ -98,10 +101,12 @@ def test_a_profile_the_timed_forwards_contradict_is_refitted_at_once_and_saved(t
     data["table"] = {n: 2.1 + (3.0 - 2.1) * (int(n) - 1) / 31 for n in data["table"]}
     file.write_text(json.dumps(data))
     costs = OnlineCosts(load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=()))
+    assert "m" in costs.profile.context_tables
     for n in (1, 1, 4):
         assert costs.refitted == {}  # not before the EARLY_OBSERVED-th forward
         costs.observe("m", n, m.latency(n))
     assert 0 < costs.refitted["m"] < 1 / OnlineCosts.EARLY_DISAGREE  # the profile was ~30x too slow
+    assert "m" not in costs.profile.context_tables  # timed against the table that was wrong
     assert costs.seconds("m", 1) == pytest.approx(0.071) and costs.seconds("m", 32) == pytest.approx(0.443)
     assert save_refined(costs, [m], tmp_path / "p") == costs.refitted
     calls = m.decode_calls

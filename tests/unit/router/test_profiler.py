@@ -7,8 +7,10 @@ import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.errors import InvalidParameterError
-from specrouter.router.costs import CostProfile, OnlineCosts, default_lookup_seconds, interpolate
+from specrouter.router.costs import (LONG_CONTEXT, PROFILED_CONTEXT, CostProfile, OnlineCosts, default_lookup_seconds,
+                                     interpolate)
 from specrouter.router.profiler import (
+    CONTEXT_NS,
     PROFILE_NS,
     load_or_profile,
     profile_batches,
@@ -234,11 +236,12 @@ def test_a_profile_measured_on_one_node_is_installed_on_another_only_where_missi
     first = tmp_path / "node-a"
     load_or_profile([m], first, repeats=1, progress=False, clock=lambda: m.simulated_seconds)
     files = profile_files(first, [m])
-    assert sorted(files) == ["m.batch.json", "m.json"]
+    assert sorted(files) == ["m.batch.json", "m.context.json", "m.json"]
     other = tmp_path / "node-b"
     other.mkdir()
     (other / "m.json").write_text("its own")
-    assert install_profiles(other, {**files, "../escape.json": "x"}) == ["m.batch.json", "escape.json"]
+    assert install_profiles(other, {**files, "../escape.json": "x"}) == ["m.batch.json", "m.context.json",
+                                                                         "escape.json"]
     assert (other / "m.json").read_text() == "its own" and not (tmp_path / "escape.json").exists()
     # A second process's measurement waits for the first's (the folder lock).
     entered = threading.Event()
@@ -253,3 +256,30 @@ def test_a_profile_measured_on_one_node_is_installed_on_another_only_where_missi
         assert not entered.wait(0.3)
     assert entered.wait(5)
     t.join()
+
+
+class Attending(SyntheticBackend):
+    """Every forward also costs 1 microsecond per token per cached token before it."""
+
+    def decode(self, seq, tokens, pos, n_logits):
+        out = super().decode(seq, tokens, pos, n_logits)
+        self.simulated_seconds += 1e-6 * len(tokens) * pos
+        return out
+
+
+def test_the_context_table_times_the_forwards_again_after_a_long_context_and_is_cached(tmp_path):
+    m = Attending("m", latency=linear(0.01, 0.002))
+    folder = tmp_path / "p"
+    profile = load_or_profile([m], folder, repeats=1, progress=False, clock=lambda: m.simulated_seconds, batches=())
+    assert sorted(profile.context_tables["m"]) == list(CONTEXT_NS)
+    for n in CONTEXT_NS:
+        assert profile.context_seconds("m", n, 2048) == pytest.approx(1e-6 * n * (2048 - PROFILED_CONTEXT), rel=1e-9)
+    assert (folder / "m.context.json").exists()
+    calls = m.decode_calls
+    again = load_or_profile([m], folder, repeats=1, progress=False, clock=lambda: m.simulated_seconds, batches=())
+    assert m.decode_calls == calls and again.context_tables == profile.context_tables
+    # A model whose context cannot hold LONG_CONTEXT + 32 tokens has no context table (its context costs nothing).
+    short = SyntheticBackend("short", latency=linear(0.01, 0.002), n_ctx=LONG_CONTEXT)
+    alone = load_or_profile([short], folder, repeats=1, progress=False, clock=lambda: short.simulated_seconds,
+                            batches=())
+    assert alone.context_tables == {} and not (folder / "short.context.json").exists()

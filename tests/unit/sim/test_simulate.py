@@ -14,6 +14,7 @@ from specrouter.engine import generate
 from specrouter.errors import InvalidParameterError
 from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts
 from specrouter.router.build import build_router
+from specrouter.router.costs import LONG_CONTEXT, PROFILED_CONTEXT
 from specrouter.router.pacing import ChoicePacing
 from specrouter.sim.host import HostCosts
 from specrouter.sim.roofline import DEVICES, Device, device, roofline_profile
@@ -50,10 +51,10 @@ def trace() -> Trace:
     return record(target, [draft], prompts(), max_tokens=40)
 
 
-def real_run(method_of, p: CostProfile, n: int = 4, eos: int | None = None):
-    """The first n prompts through the method made of fresh synthetic models: per prompt
-    (token ids, simulated seconds, chain labels per cycle)."""
-    target, draft = models(p, eos)
+def real_run(method_of, p: CostProfile, n: int = 4, eos: int | None = None, make=models):
+    """The first n prompts through the method made of fresh synthetic models (`make`): per
+    prompt (token ids, simulated seconds, chain labels per cycle)."""
+    target, draft = make(p, eos)
     method = method_of(target, draft)
     clock = lambda: target.simulated_seconds + draft.simulated_seconds  # noqa: E731
     out = []
@@ -106,6 +107,94 @@ def test_a_fixed_chain_costs_in_simulation_exactly_what_the_real_run_cost(names,
     sim = simulated(replay, replay.chain(ChainChoice(names, ks)))
     assert [r[0] for r in real] == [r.answer for r in trace.requests]
     assert [s for s, _ in sim] == pytest.approx([s for _, s, _ in real], rel=1e-12)
+
+
+class Attending(SyntheticBackend):
+    """A synthetic model whose every forward also pays for the context before it, as its
+    profile's context table prices it (what a CPU forward does: docs/simulation.md)."""
+
+    def __init__(self, *args, profile: CostProfile, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.profile = profile
+
+    def decode(self, seq, tokens, pos, n_logits):
+        out = super().decode(seq, tokens, pos, n_logits)
+        self.simulated_seconds += self.profile.context_seconds(self.name, len(tokens), pos)
+        return out
+
+
+def attending(p: CostProfile, eos: int | None = None):
+    target = Attending("target", vocab=12, latency=lambda n: p.seconds("target", n), params_b=1.5, eos_id=eos,
+                       profile=p)
+    draft = Attending("draft", vocab=12, model_seed=2, noise=0.8, latency=lambda n: p.seconds("draft", n),
+                      params_b=0.5, eos_id=eos, profile=p)
+    return target, draft
+
+
+def with_context(p: CostProfile) -> CostProfile:
+    """p and context tables: a forward of n tokens after c cached tokens costs 20 (target) or
+    5 (draft) microseconds more per token per cached token beyond the profiled context."""
+    slope = {"target": 2e-5, "draft": 5e-6}
+    return CostProfile(p.tables, context_tables={m: {n: s + slope[m] * n * (LONG_CONTEXT - PROFILED_CONTEXT)
+                                                     for n, s in t.items()} for m, t in p.tables.items()})
+
+
+@pytest.mark.parametrize(("names", "ks"), [(("target",), ()), (("draft", "target"), (3,)),
+                                           (("suffix", "draft", "target"), (2, 6))])
+def test_a_forward_pays_for_its_context_in_simulation_exactly_what_it_paid_for_real(names, ks):
+    p = with_context(profile())
+    target, draft = attending(p)
+    trace = record(target, [draft], prompts(6), max_tokens=40, branch_tokens=16)
+    real = real_run(lambda t, d: Chain([{"draft": d, "target": t}.get(n) or SuffixDrafter() for n in names],
+                                       list(ks)), p, 6, make=attending)
+    replay = Replay(trace, p, price_prompt=True)
+    sim = simulated(replay, replay.chain(ChainChoice(names, ks)))
+    assert [s for s, _ in sim] == pytest.approx([s for _, s, _ in real], rel=1e-12)
+    flat = Replay(trace, profile(), price_prompt=True)  # the same costs after the profiled context only
+    cheaper = simulated(flat, flat.chain(ChainChoice(names, ks)))
+    assert all(s > c for (s, _), (c, _) in zip(sim, cheaper, strict=True))
+
+
+def test_a_batched_call_pays_each_sequences_context_beside_the_calls_cost(trace):
+    p = with_context(profile())
+    target = Replay(trace, p, price_prompt=True).target
+    a, b = target.new_sequence(), target.new_sequence()
+    first, second = trace.requests[0].prompt + [1] * 60, trace.requests[1].prompt
+    target.decode_batch([(a, first, 0, 1), (b, second, 0, 1)])
+    before = target.simulated_seconds
+    target.decode_batch([(a, [1, 2], len(first), 2), (b, [3], len(second), 1)])
+    context = p.context_seconds("target", 2, len(first)) + p.context_seconds("target", 1, len(second))
+    assert context > 0
+    assert target.simulated_seconds - before == pytest.approx(p.seconds("target", 3 / 2, 2) + context, rel=1e-12)
+
+
+def test_without_price_prompt_a_forward_pays_the_context_before_its_priced_tokens():
+    p = with_context(profile())
+    target, draft = attending(p)
+    rng = np.random.default_rng(5)
+    long = record(target, [draft], [("g", "long", [int(t) for t in rng.integers(0, 12, 60)])], max_tokens=10)
+    replay = Replay(long, p)
+    prompt, answer = replay.play(0)
+    seq = replay.target.new_sequence()
+    replay.target.decode(seq, prompt + answer[:5], 0, 1)  # priced: the prompt's last token and 5 more
+    assert replay.target.simulated_seconds == pytest.approx(p.seconds("target", 6)
+                                                            + p.context_seconds("target", 6, 59), rel=1e-12)
+
+
+def test_the_context_costs_what_the_two_tables_say_linearly_in_between_and_beyond():
+    p = CostProfile({"m": {1: 0.030, 16: 0.250}}, context_tables={"m": {1: 0.040, 16: 0.350}})
+    span = LONG_CONTEXT - PROFILED_CONTEXT
+    assert p.context_seconds("m", 1, PROFILED_CONTEXT) == 0.0 and p.context_seconds("m", 1, 0) == 0.0
+    assert p.context_seconds("m", 1, LONG_CONTEXT) == pytest.approx(0.010, rel=1e-12)
+    assert p.context_seconds("m", 16, PROFILED_CONTEXT + span / 2) == pytest.approx(0.050, rel=1e-12)
+    assert p.seconds_after("m", 16, PROFILED_CONTEXT + 2 * span) == pytest.approx(0.450, rel=1e-12)
+    assert p.seconds_after("m", 4, LONG_CONTEXT) == pytest.approx(0.030 + 0.220 * 3 / 15 + 0.010 + 0.090 * 3 / 15)
+    assert CostProfile({"m": {1: 0.03}}).context_seconds("m", 1, 4000) == 0.0  # no context table
+    again = CostProfile.from_dict(p.as_dict())
+    assert again.context_tables == p.context_tables and again.tables == p.tables
+    assert "context" not in CostProfile({"m": {1: 0.03}}).as_dict()
+    with pytest.raises(ValueError, match="its context tables were timed after 512 tokens, not 1024"):
+        CostProfile.from_dict({**p.as_dict(), "context": {"tokens": 512, "models": {"m": {"1": 0.04}}}})
 
 
 def test_without_price_prompt_the_prompt_costs_one_token_per_model_that_reads_it(trace):
