@@ -401,7 +401,8 @@ def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exac
 
 
 def _print_profile(profile) -> None:
-    from specrouter.router.profiler import PROFILE_BATCH_NS, PROFILE_NS
+    from specrouter.router.costs import LONG_CONTEXT
+    from specrouter.router.profiler import CONTEXT_NS, PROFILE_BATCH_NS, PROFILE_NS
 
     # Sizes a profile did not time (a loaded one may have others) are interpolated, as the router does.
     width = max(len(m) for m in [*profile.tables, *profile.lookup_seconds])
@@ -416,3 +417,9 @@ def _print_profile(profile) -> None:
         for b, table in sorted(tables.items()):
             click.echo(f"{name:<{width}} B={b:<3} " + " ".join(f"{table[n] * 1e3:>7.1f}" if n in table else f"{'':>7}"
                                                             for n in PROFILE_BATCH_NS))
+    if profile.context_tables:
+        click.echo(f"\n{f'ms per forward after {LONG_CONTEXT} tokens':<{width}}  "
+                   + " ".join(f"{n:>7}" for n in CONTEXT_NS))
+    for name in profile.context_tables:
+        click.echo(f"{name:<{width}}  " + " ".join(f"{profile.seconds_after(name, n, LONG_CONTEXT) * 1e3:>7.1f}"
+                                                  for n in CONTEXT_NS))

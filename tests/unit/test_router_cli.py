@@ -117,6 +117,18 @@ def test_profile_load_prints_a_saved_profile_without_measuring(tmp_path):
     assert result.exit_code == 2 and "error: --load shows a saved profile: it measures nothing" in result.output
 
 
+def test_profile_load_prints_the_context_table_beside_the_profile(tmp_path):
+    file = tmp_path / "cpu.json"
+    file.write_text(json.dumps({**GPU_PROFILE, "context": {"tokens": 1024, "models": {"target": {
+        "1": 0.005, "4": 0.0052, "16": 0.0064, "32": 0.009}}}}))
+    result = CliRunner().invoke(main, ["profile", "--load", str(file)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    at = lines.index(next(line for line in lines if line.startswith("ms per forward after 1024 tokens")))
+    assert lines[at].split()[-4:] == ["1", "4", "16", "32"]
+    assert lines[at + 1].split() == ["target", "5.0", "5.2", "6.4", "9.0"]
+
+
 @pytest.mark.parametrize("command", [["profile", "--load"], ["generate", "--prompt", "x", "--profile"]])
 def test_a_bad_profile_file_fails_before_any_model_loads(tmp_path, command):
     file = tmp_path / "costs.json"
