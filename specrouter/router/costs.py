@@ -10,9 +10,8 @@ The tables are timed after PROFILED_CONTEXT cached tokens. A forward after c cac
 costs more: each of its n tokens attends over c keys (compute, linear in n c, on a CPU),
 and reads c tokens' K and V. Where a profile also holds a model's context table (the same
 forwards timed after LONG_CONTEXT tokens), `seconds_after` interpolates linearly in c
-between the two tables and extrapolates beyond: measured on a 2-core EPYC (q4 1.5B), a
-16-token forward cost 255 ms after 32 tokens, 348 after 1,024 and 422 after 2,048, a
-one-token forward 33 / 38 / 46 ms (docs/simulation.md). The router's predictions do not
+between the two tables and extrapolates beyond (what it is on a CPU: docs/simulation.md,
+"The copy workloads, and what a long context costs"). The router's predictions do not
 read it yet (its OnlineCosts level follows a longer context as a whole); the simulator
 prices every replayed forward with it.
 """
