@@ -120,7 +120,9 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
         "host": host.label(),
         "validation": None if checked is None else {
             "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok, "profile": checked.profile,
-            "groups": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.groups.items()}},
+            "groups": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.groups.items()},
+            "fixed": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.fixed.items()},
+            "chains": checked.chains},
         "predictions": predictions,
         "batches": batched,
     }
@@ -188,12 +190,15 @@ def markdown(result: dict) -> str:
                   "not weights); each table fitted non-decreasing in n (isotonic) before use.", ""]
     v = result["validation"]
     if v is not None:
-        lines += [f"## Validation on this machine (auto, {v['repeats']} run(s) per request)", "",
-                  "| dataset | measured | simulated | error | cycles that drafted, measured / simulated "
-                  "| real runs with the recorded text |", "|---|---|---|---|---|---|"]
-        lines += [f"| {g} | {c['measured']:.3f} | {c['simulated']:.3f} | {c['error']:+.1%} | "
-                  + (f"{c['drafted_measured']:.1%} / {c['drafted_simulated']:.1%}" if "drafted_measured" in c else "")
-                  + f" | {c['same_text']} |" for g, c in v["groups"].items()]
+        lines += [f"## Validation on this machine ({v['repeats']} run(s) per request and method)", "",
+                  "| method | dataset | measured | simulated | error | cycles that drafted, measured / simulated "
+                  "| real runs with the recorded text |", "|---|---|---|---|---|---|---|"]
+        # Results from before the fixed chain was validated hold auto's checks only.
+        for method, checks in (("auto", v["groups"]), ("best fixed chain", v.get("fixed", {}))):
+            lines += [f"| {method if method == 'auto' else v['chains'].get(g, method)} | {g} | {c['measured']:.3f} | "
+                      f"{c['simulated']:.3f} | {c['error']:+.1%} | "
+                      + (f"{c['drafted_measured']:.1%} / {c['drafted_simulated']:.1%}" if "drafted_measured" in c else "")
+                      + f" | {c['same_text']} |" for g, c in checks.items()]
         lines += ["", f"Within {v['max_error']:.0%} everywhere: **{v['ok']}**.", ""]
     for label, p in result["predictions"].items():
         groups = list(p["speedup"][ALONE])

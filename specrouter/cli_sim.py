@@ -71,9 +71,11 @@ def read_prompts(file: Path, target) -> list[tuple[str, str, list[int]]]:
 @click.option("--batch", "batch_sizes", default=None, metavar="B[,B...]",
               help="With --profile or --roofline: predict throughput with B sequences served at once (the batch "
                    "scheduler, the trace's requests repeated to fill it), per batch size, e.g. 1,8,32.")
-@click.option("--validate", is_flag=True, help="Run the trace's requests for real here (target alone, auto) and "
-              "compare with the replay on this machine's profile; exit 1 when off by more than --max-error.")
-@click.option("--repeats", type=int, default=1, show_default=True, help="With --validate: auto runs per request.")
+@click.option("--validate", is_flag=True, help="Run the trace's requests for real here (target alone, auto, the "
+              "best fixed chain) and compare with the replay on this machine's profile; exit 1 when off by more "
+              "than --max-error.")
+@click.option("--repeats", type=int, default=1, show_default=True,
+              help="With --validate: runs of auto and the fixed chain per request.")
 @click.option("--max-error", type=float, default=0.10, show_default=True,
               help="With --validate: the largest relative error of a simulated speed-up allowed.")
 @click.option("--lookup", type=click.Choice(list(MODEL_FREE)), default=DEFAULT_LOOKUP, show_default=True,
@@ -139,15 +141,18 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
                                     progress=lambda what: click.echo(f"running {what}", err=True))
         finally:
             pool.close()
-        click.echo(f"{'group':<16} {'measured':>9} {'simulated':>9} {'error':>7}  drafting cycles  same text")
-        for group, g in result.groups.items():
-            click.echo(f"{group:<16} {g.measured:>9.3f} {g.simulated:>9.3f} {g.error:>+7.1%}  "
-                       f"{g.drafted_measured:>6.1%} / {g.drafted_simulated:>6.1%}  {g.same_text}")
+        click.echo(f"{'method':<6} {'group':<16} {'measured':>9} {'simulated':>9} {'error':>7}  drafting cycles  "
+                   "same text")
+        for method, checks in (("auto", result.groups), ("fixed", result.fixed)):
+            for group, g in checks.items():
+                click.echo(f"{method:<6} {group:<16} {g.measured:>9.3f} {g.simulated:>9.3f} {g.error:>+7.1%}  "
+                           f"{g.drafted_measured:>6.1%} / {g.drafted_simulated:>6.1%}  {g.same_text}")
+        click.echo("fixed: " + "; ".join(f"{group} {label}" for group, label in result.chains.items()))
         if json_file:
-            Path(json_file).write_text(json.dumps({"groups": {k: {**asdict(g), "error": round(g.error, 4)}
-                                                              for k, g in result.groups.items()},
-                                                   "max_error": max_error, "ok": result.ok,
-                                                   "profile": result.profile}, indent=1))
+            Path(json_file).write_text(json.dumps({
+                "groups": {k: {**asdict(g), "error": round(g.error, 4)} for k, g in result.groups.items()},
+                "fixed": {k: {**asdict(g), "error": round(g.error, 4)} for k, g in result.fixed.items()},
+                "chains": result.chains, "max_error": max_error, "ok": result.ok, "profile": result.profile}, indent=1))
         if not result.ok:
             click.echo(f"the simulation is off by more than {max_error:.0%}", err=True)
             sys.exit(1)

@@ -1,14 +1,17 @@
 """Validation: the simulator's speed-ups against this machine's real runs of the same requests.
 
-For every request of the trace, for real on the loaded models: the target alone, then
-`repeats` times auto and the target alone again (greedy, the trace's max_tokens; decode
-time from the first streamed token to the end, as the simulation prices no prefill). The
-router is fresh (no saved estimates), its profile this machine's (measured now, or the
-cache's where valid), and serves the requests in order, as the simulated one does. The
-simulation then runs on that same profile. Per group and overall: the median per request
-of the target alone's time over auto's, measured and simulated, and the simulation's
-relative error (`ok` when every error is within `max_error`); and the share of auto's
-cycles that drafted, measured and simulated (where they part, the router chose otherwise).
+The simulation runs first, on this machine's profile (measured now): every fixed chain and
+auto over the trace, which names each group's best fixed chain (of any depth, with
+hindsight). Then, for every request of the trace, for real on the loaded models: the target
+alone, then `repeats` times auto, the group's best fixed chain and the target alone again
+(greedy, the trace's max_tokens; decode time from the first streamed token to the end, as
+the simulation prices no prefill). The router is fresh (no saved estimates), takes that
+same profile, and serves the requests in order, as the simulated one does. Per method
+(auto, the best fixed chain; the target alone is 1 on both sides), per group and overall:
+the median per request of the target alone's time over the method's, measured and
+simulated, and the simulation's relative error (`ok` when every error is within
+`max_error`); and the share of the method's cycles that drafted, measured and simulated
+(where they part for auto, the router chose otherwise).
 
 What a real run has that the simulation does not (simulate.py's list) shows up here as
 error: the Python work per cycle, this machine's timing noise (the target alone's two runs
@@ -23,28 +26,31 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.drafters import DEFAULT_LOOKUP
+from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import generate_stream
 from specrouter.engine.request import GenerationResult
 from specrouter.router import auto_router
+from specrouter.router.costs import CostProfile
 from specrouter.router.profiler import load_or_profile
-from specrouter.sim.simulate import AUTO, drafted_cycles, predict
+from specrouter.sim.simulate import AUTO, ChainChoice, Prediction, Replay, candidate_chains, drafted_cycles, predict
 from specrouter.sim.trace import Trace
 
 MAX_ERROR = 0.10
+#: The method validated beside auto: the best fixed chain of each group.
+FIXED = "best fixed chain"
 
 
 @dataclass(frozen=True)
 class GroupCheck:
-    measured: float  # median per request of the target alone's decode time over auto's
+    measured: float  # median per request of the target alone's decode time over the method's
     simulated: float
-    same_text: str  # real auto runs that wrote the recorded answer, of all
-    drafted_measured: float  # share of auto's cycles whose chain drafted, real runs
+    same_text: str  # real runs of the method that wrote the recorded answer, of all
+    drafted_measured: float  # share of the method's cycles whose chain drafted, real runs
     drafted_simulated: float
 
     @property
@@ -54,13 +60,39 @@ class GroupCheck:
 
 @dataclass(frozen=True)
 class Validation:
-    groups: dict[str, GroupCheck]  # per group and 'all'
+    groups: dict[str, GroupCheck]  # auto, per group and 'all'
     max_error: float
     profile: dict  # the profile both used (CostProfile.as_dict)
+    #: The best fixed chain per group (the simulation's, with hindsight), per group and 'all'.
+    fixed: dict[str, GroupCheck] = field(default_factory=dict)
+    chains: dict[str, str] = field(default_factory=dict)  # group -> that chain's label
 
     @property
     def ok(self) -> bool:
-        return all(abs(g.error) <= self.max_error for g in self.groups.values())
+        return all(abs(g.error) <= self.max_error for g in [*self.groups.values(), *self.fixed.values()])
+
+
+@dataclass
+class _Runs:
+    """One method's real runs: per group, the ratios per request, texts right, cycles."""
+
+    ratios: dict[str, list[float]] = field(default_factory=dict)
+    same: dict[str, list[bool]] = field(default_factory=dict)
+    cycles: dict[str, list[int]] = field(default_factory=dict)  # drafted, all
+
+    def add(self, request, r: GenerationResult) -> None:
+        self.same.setdefault(request.group, []).append(r.token_ids == request.answer)
+        counts = self.cycles.setdefault(request.group, [0, 0])
+        counts[0] += drafted_cycles(r)
+        counts[1] += r.cycles
+
+    def checks(self, speedup: dict[str, float], drafted: dict[str, float]) -> dict[str, GroupCheck]:
+        ratios = {**self.ratios, "all": [r for rs in self.ratios.values() for r in rs]}
+        same = {**self.same, "all": [s for ss in self.same.values() for s in ss]}
+        cycles = {**self.cycles, "all": [sum(c[0] for c in self.cycles.values()), sum(c[1] for c in self.cycles.values())]}
+        return {g: GroupCheck(round(statistics.median(rs), 3), speedup[g], f"{sum(same[g])}/{len(same[g])}",
+                              round(cycles[g][0] / max(1, cycles[g][1]), 3), drafted[g])
+                for g, rs in ratios.items()}
 
 
 def decode_seconds(method, prompt: list[int], max_tokens: int) -> tuple[float, GenerationResult]:
@@ -82,32 +114,55 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
         profile = load_or_profile(models, Path(fresh), progress=progress is not None)
         given = Path(fresh) / "profile.json"  # the router takes exactly these costs
         given.write_text(json.dumps(profile.as_dict()))
+        simulated = predict(trace, profile, lookup)
+        by_label = {c.label: c for c in candidate_chains(trace, lookup)}
+        chains = {g: by_label[best_fixed(simulated, g)] for g in trace.groups}
+        by_name = {m.name: m for m in models}
+        fixed = {g: Chain([MODEL_FREE[n]() if n in MODEL_FREE else by_name[n] for n in c.names], list(c.draft_lengths))
+                 for g, c in chains.items()}
         router = auto_router(pool, trace.target, [*trace.drafts, trace.target], profile_dir=Path(fresh),
                              progress=False, lookup=lookup, profile_file=given)
         alone = Chain([target], [])
-        ratios: dict[str, list[float]] = {}
-        same: dict[str, list[bool]] = {}
-        cycles: dict[str, list[int]] = {}  # drafted, all
+        runs = {AUTO: _Runs(), FIXED: _Runs()}
         for request in trace.requests:
             if progress is not None:
                 progress(f"{request.group} {request.id}")
             n = trace.max_tokens
             alone_runs = [decode_seconds(alone, request.prompt, n)[0]]
-            auto_runs = []
+            seconds: dict[str, list[float]] = {AUTO: [], FIXED: []}
             for _ in range(repeats):
-                seconds, r = decode_seconds(router, request.prompt, n)
-                auto_runs.append(seconds)
-                same.setdefault(request.group, []).append(r.token_ids == request.answer)
-                counts = cycles.setdefault(request.group, [0, 0])
-                counts[0] += drafted_cycles(r)
-                counts[1] += r.cycles
+                for method, generator in ((AUTO, router), (FIXED, fixed[request.group])):
+                    took, r = decode_seconds(generator, request.prompt, n)
+                    seconds[method].append(took)
+                    runs[method].add(request, r)
                 alone_runs.append(decode_seconds(alone, request.prompt, n)[0])
-            ratios.setdefault(request.group, []).append(statistics.mean(alone_runs) / statistics.mean(auto_runs))
-    simulated = predict(trace, profile, lookup, chains=[])
-    ratios["all"] = [r for rs in ratios.values() for r in rs]
-    same["all"] = [s for ss in same.values() for s in ss]
-    cycles["all"] = [sum(c[0] for c in cycles.values()), sum(c[1] for c in cycles.values())]
-    groups = {g: GroupCheck(round(statistics.median(rs), 3), simulated.speedup[AUTO][g], f"{sum(same[g])}/{len(same[g])}",
-                            round(cycles[g][0] / max(1, cycles[g][1]), 3), simulated.drafted[AUTO][g])
-              for g, rs in ratios.items()}
-    return Validation(groups, max_error, profile.as_dict())
+            for method, took in seconds.items():
+                runs[method].ratios.setdefault(request.group, []).append(statistics.mean(alone_runs)
+                                                                         / statistics.mean(took))
+    fixed_speedup = {g: simulated.speedup[c.label][g] for g, c in chains.items()}
+    fixed_speedup["all"], fixed_drafted_all = _pooled(trace, profile, chains)
+    fixed_drafted = {g: simulated.drafted[c.label][g] for g, c in chains.items()}
+    fixed_drafted["all"] = fixed_drafted_all
+    return Validation(runs[AUTO].checks(simulated.speedup[AUTO], simulated.drafted[AUTO]), max_error,
+                      profile.as_dict(), runs[FIXED].checks(fixed_speedup, fixed_drafted),
+                      {g: c.label for g, c in chains.items()})
+
+
+def best_fixed(simulated: Prediction, group: str) -> str:
+    """The label of the fixed chain of any depth with the highest simulated speed-up on `group`."""
+    return max((per_group[group] for per_group in simulated.best.values()), key=lambda m: simulated.speedup[m][group])
+
+
+def _pooled(trace: Trace, profile: CostProfile, chains: dict[str, ChainChoice]) -> tuple[float, float]:
+    """Simulated over every request, each run by its group's fixed chain (as 'all' is
+    measured): the median of the target alone's time over the chain's, and the share of
+    drafting cycles."""
+    replay = Replay(trace, profile)
+    alone = replay.run(replay.chain(ChainChoice((trace.target,), ())))
+    ratios, drafted, cycles = [], 0, 0
+    for choice in {c.label: c for c in chains.values()}.values():
+        for a, r in zip(alone, replay.run(replay.chain(choice)), strict=True):
+            if chains[r.group] == choice:
+                ratios.append(a.seconds / r.seconds)
+                drafted, cycles = drafted + r.drafted_cycles, cycles + r.cycles
+    return round(statistics.median(ratios), 3), round(drafted / max(1, cycles), 3)

@@ -326,13 +326,22 @@ def test_validation_sets_real_runs_beside_the_simulation_on_the_profile_it_measu
     from specrouter.sim.validate import validate
 
     out = validate(trace, SyntheticPool(), lookup="suffix", repeats=2)
-    assert set(out.groups) == {"even", "odd", "all"}
-    assert [out.groups[g].same_text for g in ("even", "odd", "all")] == ["4/4", "4/4", "8/8"]  # greedy: the same text
-    simulated = predict(trace, CostProfile.from_dict(out.profile), "suffix", chains=[])
+    assert set(out.groups) == set(out.fixed) == {"even", "odd", "all"}
+    for checks in (out.groups, out.fixed):  # greedy: the same text
+        assert [checks[g].same_text for g in ("even", "odd", "all")] == ["4/4", "4/4", "8/8"]
+    simulated = predict(trace, CostProfile.from_dict(out.profile), "suffix")
     assert {g: c.simulated for g, c in out.groups.items()} == simulated.speedup[AUTO]
     assert {g: c.drafted_simulated for g, c in out.groups.items()} == simulated.drafted[AUTO]
-    assert all(0 <= c.drafted_measured <= 1 for c in out.groups.values())
-    assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for c in out.groups.values())
+    # Each group's fixed chain is the simulation's best of any depth there.
+    for g in ("even", "odd"):
+        best = max((per_group[g] for per_group in simulated.best.values()), key=lambda m: simulated.speedup[m][g])
+        assert out.chains[g] == best and out.fixed[g].simulated == simulated.speedup[best][g]
+        assert out.fixed[g].drafted_simulated == simulated.drafted[best][g]
+    if out.chains["even"] == out.chains["odd"]:  # one chain for every request: 'all' is its own
+        assert out.fixed["all"].simulated == simulated.speedup[out.chains["even"]]["all"]
+    checks = [*out.groups.values(), *out.fixed.values()]
+    assert all(0 <= c.drafted_measured <= 1 for c in checks)
+    assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for c in checks)
 
 
 @pytest.mark.parametrize(("names", "ks"), [(("target",), ()), (("draft", "target"), (3,)),
