@@ -69,6 +69,11 @@ class ChainChoice:
     def depth(self) -> int:
         return len(self.names)
 
+    def build(self, models: Sequence) -> Chain:
+        """The chain over `models` (backends, found by name), a fresh drafter for each model-free level."""
+        by_name = {m.name: m for m in models}
+        return Chain([MODEL_FREE[n]() if n in MODEL_FREE else by_name[n] for n in self.names], list(self.draft_lengths))
+
 
 @dataclass(frozen=True)
 class Run:
@@ -135,9 +140,7 @@ class Replay:
         return self.target.play_many(indices)
 
     def chain(self, choice: ChainChoice) -> Chain:
-        by_name = {m.name: m for m in self.models}
-        levels = [MODEL_FREE[n]() if n in MODEL_FREE else by_name[n] for n in choice.names]
-        return Chain(levels, list(choice.draft_lengths))
+        return choice.build(self.models)
 
     def router(self, lookup: str = DEFAULT_LOOKUP, pacing: ChoicePacing | None = None) -> Router:
         """pacing: how often its sessions deliberate (default router/pacing.py's FRACTION)."""

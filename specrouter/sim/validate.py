@@ -31,7 +31,7 @@ from pathlib import Path
 
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
+from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.engine import generate_stream
 from specrouter.engine.request import GenerationResult
 from specrouter.router import auto_router
@@ -117,9 +117,7 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
         simulated = predict(trace, profile, lookup)
         by_label = {c.label: c for c in candidate_chains(trace, lookup)}
         chains = {g: by_label[best_fixed(simulated, g)] for g in trace.groups}
-        by_name = {m.name: m for m in models}
-        fixed = {g: Chain([MODEL_FREE[n]() if n in MODEL_FREE else by_name[n] for n in c.names], list(c.draft_lengths))
-                 for g, c in chains.items()}
+        fixed = {g: c.build(models) for g, c in chains.items()}
         router = auto_router(pool, trace.target, [*trace.drafts, trace.target], profile_dir=Path(fresh),
                              progress=False, lookup=lookup, profile_file=given)
         alone = Chain([target], [])
