@@ -134,6 +134,12 @@ class CostProfile:
                                                                  for m, t in self.context_tables.items()}}
         return out
 
+    def copy(self) -> CostProfile:
+        """An independent copy (no table shared)."""
+        return CostProfile({m: dict(t) for m, t in self.tables.items()}, dict(self.lookup_seconds),
+                           {m: {b: dict(t) for b, t in bt.items()} for m, bt in self.batch_tables.items()},
+                           set(self.looped), {m: dict(t) for m, t in self.context_tables.items()})
+
     def nondecreasing(self) -> CostProfile:
         """A copy with every model's table, and every batched and context table over n,
         fitted non-decreasing in n (`nondecreasing`); lookups as they are."""
@@ -164,6 +170,9 @@ class OnlineCosts:
     that slows down or speeds up as a whole (another process on the cores, a longer
     context) at every n after a few forwards at any n; shape_m(n), a slower EMA per
     (model, n), corrects the profile's curve where cycles show it is off.
+
+    It works on its own copy of the profile: a refit replaces the copy's table, never the
+    caller's (a simulator prices its machine with that profile; other routers may share it).
     """
 
     ALPHA = 0.3  # a few observations move the level; one outlier does not
@@ -184,7 +193,7 @@ class OnlineCosts:
     SAMPLES = 64
 
     def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0) -> None:
-        self.profile = profile
+        self.profile = profile.copy()
         self._level: dict[str, float] = {}
         self._shape: dict[tuple[str, int], float] = {}
         #: The latest single-sequence forwards, (n tokens, seconds), per model: refined_table's data.

@@ -4,6 +4,7 @@ the run but not cached; a cached curve that is not physical is measured again; a
 cached profile that the timed forwards contradict is corrected and saved for the next
 process (the busy-machine profile that once made auto 0.44-0.90x the target alone)."""
 
+import copy
 import json
 import os
 import warnings
@@ -114,6 +115,20 @@ def test_a_profile_the_timed_forwards_contradict_is_refitted_at_once_and_saved(t
         warnings.simplefilter("error")  # the saved table is valid, and read silently
         fixed = load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=())
     assert m.decode_calls == calls and fixed.seconds("m", 8) == pytest.approx(0.155)
+
+
+def test_a_refit_replaces_the_routers_copy_never_the_profile_it_was_given(tmp_path):
+    """A simulator prices its machine with the profile it hands the router (sim/simulate.py),
+    and routers may share one: the router's refit must not move it."""
+    m = model(tmp_path)
+    given = CostProfile({"m": {1: 30 * m.latency(1), 16: 30 * m.latency(16)}}, batch_tables={"m": {2: {1: 1.0}}},
+                        context_tables={"m": {1: 40 * m.latency(1), 16: 40 * m.latency(16)}})
+    before = copy.deepcopy(given)
+    costs = OnlineCosts(given)
+    for n in (1, 16, 1):
+        costs.observe("m", n, m.latency(n))
+    assert "m" in costs.refitted and costs.seconds("m", 1) == pytest.approx(m.latency(1), rel=0.05)
+    assert given == before and "m" not in costs.profile.context_tables and "m" not in costs.profile.batch_tables
 
 
 def test_a_profile_off_by_less_than_the_early_margin_waits_for_more_forwards(tmp_path):
