@@ -52,7 +52,7 @@ from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.roofline import device, roofline_profile
 from specrouter.sim.simulate import ALONE, AUTO, predict
 from specrouter.sim.trace import Trace, record
-from specrouter.sim.validate import validate
+from specrouter.sim.validate import TIMED, validate
 
 BRANCH_TOKENS = 24
 ROOFLINES = (("h100", 5.0), ("h200", 5.0), ("h200", 0.5))
@@ -87,7 +87,8 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
         checked = None
         if do_validate:
             mark = time.perf_counter()
-            checked = validate(trace, pool, repeats=repeats, progress=lambda what: print(f"running {what}", flush=True))
+            checked = validate(trace, pool, repeats=repeats, progress=lambda what: print(f"running {what}", flush=True),
+                               host=host)
             phases["validate"] = time.perf_counter() - mark
     finally:
         pool.close()
@@ -120,6 +121,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
         "host": host.label(),
         "validation": None if checked is None else {
             "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok, "profile": checked.profile,
+            "timed": TIMED,
             "groups": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.groups.items()},
             "fixed": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.fixed.items()},
             "chains": checked.chains},
@@ -190,8 +192,10 @@ def markdown(result: dict) -> str:
                   "not weights); each table fitted non-decreasing in n (isotonic) before use.", ""]
     v = result["validation"]
     if v is not None:
-        lines += [f"## Validation on this machine ({v['repeats']} run(s) per request and method)", "",
-                  "| method | dataset | measured | simulated | error | cycles that drafted, measured / simulated "
+        lines += [f"## Validation on this machine ({v['repeats']} run(s) per request and method)", ""]
+        if "timed" in v:
+            lines += [f"Timed {v['timed']}.", ""]
+        lines += ["| method | dataset | measured | simulated | error | cycles that drafted, measured / simulated "
                   "| real runs with the recorded text |", "|---|---|---|---|---|---|---|"]
         # Results from before the fixed chain was validated hold auto's checks only.
         for method, checks in (("auto", v["groups"]), ("best fixed chain", v.get("fixed", {}))):

@@ -10,6 +10,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,6 +18,9 @@ from specrouter.chat import chat_prompt_tokens
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.errors import InvalidParameterError
 from specrouter.pool import Pool, parse_chain
+
+if TYPE_CHECKING:
+    from specrouter.sim.host import HostCosts
 
 DEFAULT_TARGET, DEFAULT_DRAFTS = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 
@@ -80,13 +84,18 @@ def read_prompts(file: Path, target) -> list[tuple[str, str, list[int]]]:
               help="With --validate: the largest relative error of a simulated speed-up allowed.")
 @click.option("--lookup", type=click.Choice(list(MODEL_FREE)), default=DEFAULT_LOOKUP, show_default=True,
               help="auto's model-free drafter (and the fixed chains').")
+@click.option("--host-ms", "host_ms", default=None, metavar="CALL,ROW[,CHOICE[,REUSE]]",
+              help="Price the engine's own work on the simulated clock (sim/host.py): ms per sequence in a call, "
+                   "per row, per router choice that deliberates and per choice that reuses one (docs/host-work.md "
+                   "measures them); default: not priced.")
 @click.option("--json", "json_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the result to this JSON file.")
 @click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
               help="Folder of pulled models (default: $SPECROUTER_CACHE or the user cache dir).")
 def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens, profile_file, roofline, overhead_ms,
-             bytes_per_param, batch_sizes, validate, repeats, max_error, lookup, json_file, threads, cache_dir) -> None:
+             bytes_per_param, batch_sizes, validate, repeats, max_error, lookup, host_ms, json_file, threads,
+             cache_dir) -> None:
     """Trace-driven simulation of the target alone, every fixed chain and auto.
 
     Record once (--record PROMPTS), then replay TRACE_FILE on a profile (--profile FILE, or
@@ -94,6 +103,7 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
     Greedy only, one request at a time (--batch: B at a time), no prefill priced
     (docs/simulation.md).
     """
+    from specrouter.sim.host import NO_HOST, HostCosts
     from specrouter.sim.roofline import device, roofline_profile
     from specrouter.sim.simulate import predict
     from specrouter.sim.trace import Trace, record
@@ -105,6 +115,9 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
     if overhead_ms is not None and roofline is None:
         raise InvalidParameterError("--overhead-ms goes with --roofline")
     batches = parse_batches(batch_sizes) if batch_sizes is not None else None
+    host = HostCosts.parse_ms(host_ms) if host_ms is not None else NO_HOST
+    if host_ms is not None and prompts_file is not None:
+        raise InvalidParameterError("--host-ms goes with a replay (--profile, --roofline or --validate), not --record")
     if batches is not None and profile_file is None and roofline is None:
         raise InvalidParameterError("--batch goes with --profile or --roofline")
     for name, value, least in (("--max-tokens", max_tokens, 1), ("--branch-tokens", branch_tokens, 1),
@@ -138,9 +151,10 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         pool = Pool(cache_dir=cache_dir, n_ctx=4096, n_threads=threads, n_seq_max=1)
         try:
             result = run_validation(trace, pool, lookup, repeats, max_error,
-                                    progress=lambda what: click.echo(f"running {what}", err=True))
+                                    progress=lambda what: click.echo(f"running {what}", err=True), host=host)
         finally:
             pool.close()
+        click.echo(f"engine's own work: {host.label()}")
         click.echo(f"{'method':<6} {'group':<16} {'measured':>9} {'simulated':>9} {'error':>7}  drafting cycles  "
                    "same text")
         for method, checks in (("auto", result.groups), ("fixed", result.fixed)):
@@ -152,7 +166,8 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
             Path(json_file).write_text(json.dumps({
                 "groups": {k: {**asdict(g), "error": round(g.error, 4)} for k, g in result.groups.items()},
                 "fixed": {k: {**asdict(g), "error": round(g.error, 4)} for k, g in result.fixed.items()},
-                "chains": result.chains, "max_error": max_error, "ok": result.ok, "profile": result.profile}, indent=1))
+                "chains": result.chains, "max_error": max_error, "ok": result.ok, "profile": result.profile,
+                "host": host.label()}, indent=1))
         if not result.ok:
             click.echo(f"the simulation is off by more than {max_error:.0%}", err=True)
             sys.exit(1)
@@ -169,11 +184,12 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         # jitter, and a dip below n = 1 would discount every chain.
         profile, label = read_profile(profile_file).nondecreasing(), f"profile {profile_file} (fitted non-decreasing)"
     if batches is not None:
-        show_batches(trace, profile, label, batches, lookup, json_file)
+        show_batches(trace, profile, label, batches, lookup, json_file, host)
         return
-    out = predict(trace, profile, lookup, progress=lambda what: click.echo(f"replaying {what}", err=True))
+    out = predict(trace, profile, lookup, progress=lambda what: click.echo(f"replaying {what}", err=True), host=host)
     groups = [*trace.groups, "all"]
-    click.echo(f"Simulated speed-up over the target alone (median per request), {label}")
+    click.echo(f"Simulated speed-up over the target alone (median per request), {label}; engine's own work: "
+               f"{host.label()}")
     click.echo(f"{'method':<44} " + " ".join(f"{g:>10}" for g in groups))
     rows = {"target alone": "target alone", "auto": "auto"}
     for which, per_group in out.best.items():
@@ -182,8 +198,8 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         name = shown if shown == method else f"{shown}: {method}"
         click.echo(f"{name:<44} " + " ".join(f"{out.speedup[method][g]:>10.3f}" for g in groups))
     if json_file:
-        Path(json_file).write_text(json.dumps({"profile": label, "speedup": out.speedup, "drafted": out.drafted,
-                                               "best": out.best}, indent=1))
+        Path(json_file).write_text(json.dumps({"profile": label, "host": host.label(), "speedup": out.speedup,
+                                               "drafted": out.drafted, "best": out.best}, indent=1))
 
 
 def parse_batches(text: str) -> list[int]:
@@ -197,14 +213,16 @@ def parse_batches(text: str) -> list[int]:
     return sizes
 
 
-def show_batches(trace, profile, label: str, batches: list[int], lookup: str, json_file: Path | None) -> None:
+def show_batches(trace, profile, label: str, batches: list[int], lookup: str, json_file: Path | None,
+                 host: HostCosts) -> None:
     """The batch prediction (sim/batched.py): per batch size, throughput over the target alone's."""
     from specrouter.sim.batched import predict_batches
     from specrouter.sim.simulate import ALONE, AUTO
 
     out = predict_batches(trace, profile, batches, lookup,
-                          progress=lambda what: click.echo(f"replaying {what}", err=True))
-    click.echo(f"Simulated throughput over the target alone's, all requests served B at a time, {label}")
+                          progress=lambda what: click.echo(f"replaying {what}", err=True), host=host)
+    click.echo(f"Simulated throughput over the target alone's, all requests served B at a time, {label}; "
+               f"engine's own work: {host.label()}")
     click.echo(f"{'method':<12} " + " ".join(f"{'B=' + str(b):>10}" for b in batches) + "  (best chain per batch)")
     click.echo(f"{'tokens/s':<12} " + " ".join(f"{out.tokens_per_second[b][ALONE]:>10.1f}" for b in batches)
                + "  (the target alone)")
@@ -216,6 +234,6 @@ def show_batches(trace, profile, label: str, batches: list[int], lookup: str, js
         click.echo(f"{method:<12} " + " ".join(f"{out.speedup[b][per_batch[b]]:>10.3f}" for b in batches)
                    + (f"  ({chains})" if chains else ""))
     if json_file:
-        Path(json_file).write_text(json.dumps({"profile": label, **{k: {str(b): v for b, v in getattr(out, k).items()}
-                                                                  for k in ("tokens_per_second", "speedup", "drafted",
-                                                                            "best")}}, indent=1))
+        per_batch_values = {k: {str(b): v for b, v in getattr(out, k).items()}
+                            for k in ("tokens_per_second", "speedup", "drafted", "best")}
+        Path(json_file).write_text(json.dumps({"profile": label, "host": host.label(), **per_batch_values}, indent=1))

@@ -12,6 +12,11 @@ counted exactly as the engine performed its forwards (the same accounting as a s
 run with those latencies). The prompt is not priced unless asked (`price_prompt`): the
 decode is what a method changes; a draft's catch-up on the prompt is unpriced likewise
 (the router still weighs that catch-up from the profile when it decides, as it does for real).
+A run is also timed as a real one can time its decode (Run.streamed_seconds, decode_seconds:
+from its first streamed text, so its whole first cycle is out, prompt, catch-up, and the
+block drafted and verified with it); the validation compares that (validate.py). The two
+part most for long blocks on short answers: a fixed suffix [32] chain's first cycle is one
+33-token forward of its ~8 on a 200-token code edit (docs/simulation.md).
 
 Not simulated unless asked: the host work (the cascade's own, ~0.1 ms per greedy token,
 docs/host-work.md, and the router's choice per cycle, benchmarks/router_work.py: `host`
@@ -28,14 +33,15 @@ on that machine) and fresh acceptance estimates, and serves the trace's requests
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specrouter.backends.replay import ReplayBackend, Vocabulary
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
-from specrouter.engine import generate
+from specrouter.engine import generate_stream
 from specrouter.engine.request import ChainRouter, GenerationResult
 from specrouter.errors import SpecRouterError
 from specrouter.router.acceptance import AcceptanceEstimator
@@ -81,10 +87,11 @@ class Run:
 
     group: str
     id: str
-    seconds: float
+    seconds: float  # every forward but the prompt's tokens (the module docstring)
     tokens: int
     cycles: int
     drafted_cycles: int  # cycles whose chain drafted (more than the target alone)
+    streamed_seconds: float  # from the first streamed text to the end (decode_seconds: what a real run measures)
 
 
 class Replay:
@@ -154,12 +161,27 @@ class Replay:
         for i, request in enumerate(self.trace.requests):
             prompt, answer = self.play(i)
             start = self.clock()
-            r = generate(method, prompt, SamplingParams(), self.trace.max_tokens, clock=self.clock)
+            streamed, r = decode_seconds(method, prompt, self.trace.max_tokens, self.clock)
             if r.token_ids != answer:
                 raise SimulationError(f"{request.id}: the simulated run did not commit the recorded answer")
-            runs.append(Run(request.group, request.id, self.clock() - start, len(answer), r.cycles, drafted_cycles(r)))
+            runs.append(Run(request.group, request.id, self.clock() - start, len(answer), r.cycles, drafted_cycles(r),
+                            streamed))
         self.play(None)
         return runs
+
+
+def decode_seconds(method: Chain | ChainRouter, prompt: Sequence[int], max_tokens: int,
+                   clock: Callable[[], float] = time.perf_counter) -> tuple[float, GenerationResult]:
+    """A greedy generation of `method` after `prompt`, timed on `clock` from its first
+    streamed text to its end, and its result. What a real run can time of the decode alone:
+    the first cycle (the prompt's prefill and whatever that cycle drafted and verified with
+    it, and the tokens it committed) is before the first text, on either side of a validation."""
+    first = None
+    for item in generate_stream(method, prompt, SamplingParams(), max_tokens, clock=clock):
+        if first is None:
+            first = clock()
+    assert isinstance(item, GenerationResult) and first is not None
+    return clock() - first, item
 
 
 def drafted_cycles(r: GenerationResult) -> int:
@@ -196,11 +218,14 @@ class Prediction:
     speedup: dict[str, dict[str, float]]
     drafted: dict[str, dict[str, float]]
     best: dict[str, dict[str, str]]  # 'best 2-level' / 'best 3-level' -> group -> chain label
+    #: The same medians over the times from each run's first streamed text (Run.streamed_seconds).
+    streamed: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def speedups(alone: Sequence[Run], runs: Sequence[Run], groups: Sequence[str]) -> dict[str, float]:
+def speedups(alone: Sequence[Run], runs: Sequence[Run], groups: Sequence[str],
+             seconds: Callable[[Run], float] = lambda r: r.seconds) -> dict[str, float]:
     """Per group and 'all': the median per request of alone's seconds over the method's."""
-    ratios = {(a.group, a.id): a.seconds / r.seconds for a, r in zip(alone, runs, strict=True)}
+    ratios = {(a.group, a.id): seconds(a) / seconds(r) for a, r in zip(alone, runs, strict=True)}
     out = {g: statistics.median(v for (group, _), v in ratios.items() if group == g) for g in groups}
     out["all"] = statistics.median(ratios.values())
     return {g: round(v, 3) for g, v in out.items()}
@@ -226,6 +251,7 @@ def predict(trace: Trace, profile: CostProfile, lookup: str = DEFAULT_LOOKUP,
         progress(AUTO)
     results[AUTO] = replay.run(replay.router(lookup))
     speedup = {m: speedups(alone, runs, groups) for m, runs in results.items()}
+    streamed = {m: speedups(alone, runs, groups, lambda r: r.streamed_seconds) for m, runs in results.items()}
     drafted = {m: {g: round(sum(r.drafted_cycles for r in runs if g in ("all", r.group))
                             / max(1, sum(r.cycles for r in runs if g in ("all", r.group))), 3)
                    for g in (*groups, "all")} for m, runs in results.items()}
@@ -234,4 +260,4 @@ def predict(trace: Trace, profile: CostProfile, lookup: str = DEFAULT_LOOKUP,
         labels = [c.label for c in fixed if c.depth == d]
         if labels:
             best[f"best {d}-level"] = {g: max(labels, key=lambda m: speedup[m][g]) for g in (*groups, "all")}
-    return Prediction(speedup, drafted, best)
+    return Prediction(speedup, drafted, best, streamed)

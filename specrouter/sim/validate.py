@@ -1,11 +1,15 @@
 """Validation: the simulator's speed-ups against this machine's real runs of the same requests.
 
-The simulation runs first, on this machine's profile (measured now): every fixed chain and
+The simulation runs first, on this machine's profile (measured now, PROFILE_REPEATS forwards
+per size, fitted non-decreasing in n): every fixed chain and
 auto over the trace, which names each group's best fixed chain (of any depth, with
-hindsight). Then, for every request of the trace, for real on the loaded models: the target
+hindsight, on the times validated: Prediction.streamed). Then, for every request of the trace, for real on the loaded models: the target
 alone, then `repeats` times auto, the group's best fixed chain and the target alone again
-(greedy, the trace's max_tokens; decode time from the first streamed token to the end, as
-the simulation prices no prefill). The router is fresh (no saved estimates), takes that
+(greedy, the trace's max_tokens; decode time from the first streamed text to the end:
+simulate.decode_seconds, which times the simulated runs the same way, so the first cycle, with
+the prefill and whatever it drafted, is outside both). The replay prices every token fed
+(price_prompt): after the first cycle a prompt token is fed only by a draft model that
+joins mid-request and catches up on it, which the real run pays too. The router is fresh (no saved estimates), takes that
 same profile, and serves the requests in order, as the simulated one does. Per method
 (auto, the best fixed chain; the target alone is 1 on both sides), per group and overall:
 the median per request of the target alone's time over the method's, measured and
@@ -24,23 +28,29 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specrouter.cascade.chain import Chain
-from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters import DEFAULT_LOOKUP
-from specrouter.engine import generate_stream
 from specrouter.engine.request import GenerationResult
 from specrouter.router import auto_router
 from specrouter.router.costs import CostProfile
 from specrouter.router.profiler import load_or_profile
-from specrouter.sim.simulate import AUTO, ChainChoice, Prediction, Replay, candidate_chains, drafted_cycles, predict
+from specrouter.sim.host import NO_HOST, HostCosts
+from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Prediction, Replay, candidate_chains, decode_seconds,
+                                     drafted_cycles, predict)
 from specrouter.sim.trace import Trace
 
 MAX_ERROR = 0.10
+#: Forwards timed per size for the profile both sides take (the router's default, 3, left
+#: entries of one machine 5-15% apart between two profiles, and the replay's machine is
+#: its profile); fitted non-decreasing in n. Batch tables are not measured (batch 1 here).
+PROFILE_REPEATS = 9
+#: What both sides time (a report says it; results from before it timed otherwise).
+TIMED = ("from each run's first streamed text to its end, on both sides (the first cycle, with the prefill, "
+         "outside both); the replay prices every token fed after it")
 #: The method validated beside auto: the best fixed chain of each group.
 FIXED = "best fixed chain"
 
@@ -95,26 +105,18 @@ class _Runs:
                 for g, rs in ratios.items()}
 
 
-def decode_seconds(method, prompt: list[int], max_tokens: int) -> tuple[float, GenerationResult]:
-    """Seconds from the first streamed text to the end of the generation, and its result."""
-    first = None
-    for item in generate_stream(method, prompt, SamplingParams(), max_tokens):
-        if first is None:
-            first = time.perf_counter()
-    assert isinstance(item, GenerationResult)
-    return time.perf_counter() - first, item
-
-
 def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1, max_error: float = MAX_ERROR,
-             progress: Callable[[str], None] | None = None) -> Validation:
-    """Real runs of the trace's requests on `pool`'s models against the simulation (module docstring)."""
+             progress: Callable[[str], None] | None = None, host: HostCosts = NO_HOST) -> Validation:
+    """Real runs of the trace's requests on `pool`'s models against the simulation (module
+    docstring); `host`: the engine's own work as the simulation prices it (sim/host.py)."""
     target = pool.model(trace.target)
     models = [*(pool.model(d) for d in trace.drafts), target]
     with tempfile.TemporaryDirectory() as fresh:  # no saved estimates; the profile measured once, here
-        profile = load_or_profile(models, Path(fresh), progress=progress is not None)
+        profile = load_or_profile(models, Path(fresh), progress=progress is not None, repeats=PROFILE_REPEATS,
+                                  batches=()).nondecreasing()
         given = Path(fresh) / "profile.json"  # the router takes exactly these costs
         given.write_text(json.dumps(profile.as_dict()))
-        simulated = predict(trace, profile, lookup)
+        simulated = predict(trace, profile, lookup, price_prompt=True, host=host)
         by_label = {c.label: c for c in candidate_chains(trace, lookup)}
         chains = {g: by_label[best_fixed(simulated, g)] for g in trace.groups}
         fixed = {g: c.build(models) for g, c in chains.items()}
@@ -137,30 +139,33 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
             for method, took in seconds.items():
                 runs[method].ratios.setdefault(request.group, []).append(statistics.mean(alone_runs)
                                                                          / statistics.mean(took))
-    fixed_speedup = {g: simulated.speedup[c.label][g] for g, c in chains.items()}
-    fixed_speedup["all"], fixed_drafted_all = _pooled(trace, profile, chains)
+    fixed_speedup = {g: simulated.streamed[c.label][g] for g, c in chains.items()}
+    fixed_speedup["all"], fixed_drafted_all = _pooled(trace, profile, chains, host)
     fixed_drafted = {g: simulated.drafted[c.label][g] for g, c in chains.items()}
     fixed_drafted["all"] = fixed_drafted_all
-    return Validation(runs[AUTO].checks(simulated.speedup[AUTO], simulated.drafted[AUTO]), max_error,
+    return Validation(runs[AUTO].checks(simulated.streamed[AUTO], simulated.drafted[AUTO]), max_error,
                       profile.as_dict(), runs[FIXED].checks(fixed_speedup, fixed_drafted),
                       {g: c.label for g, c in chains.items()})
 
 
 def best_fixed(simulated: Prediction, group: str) -> str:
-    """The label of the fixed chain of any depth with the highest simulated speed-up on `group`."""
-    return max((per_group[group] for per_group in simulated.best.values()), key=lambda m: simulated.speedup[m][group])
+    """The label of the fixed chain of any depth with the highest simulated speed-up on
+    `group`, timed from the first streamed text (as validated)."""
+    fixed = [m for m in simulated.streamed if m not in (ALONE, AUTO)]
+    return max(fixed, key=lambda m: simulated.streamed[m][group])
 
 
-def _pooled(trace: Trace, profile: CostProfile, chains: dict[str, ChainChoice]) -> tuple[float, float]:
+def _pooled(trace: Trace, profile: CostProfile, chains: dict[str, ChainChoice],
+            host: HostCosts = NO_HOST) -> tuple[float, float]:
     """Simulated over every request, each run by its group's fixed chain (as 'all' is
-    measured): the median of the target alone's time over the chain's, and the share of
-    drafting cycles."""
-    replay = Replay(trace, profile)
+    measured): the median of the target alone's time over the chain's (from the first
+    streamed text), and the share of drafting cycles."""
+    replay = Replay(trace, profile, price_prompt=True, host=host)
     alone = replay.run(replay.chain(ChainChoice((trace.target,), ())))
     ratios, drafted, cycles = [], 0, 0
     for choice in {c.label: c for c in chains.values()}.values():
         for a, r in zip(alone, replay.run(replay.chain(choice)), strict=True):
             if chains[r.group] == choice:
-                ratios.append(a.seconds / r.seconds)
+                ratios.append(a.streamed_seconds / r.streamed_seconds)
                 drafted, cycles = drafted + r.drafted_cycles, cycles + r.cycles
     return round(statistics.median(ratios), 3), round(drafted / max(1, cycles), 3)

@@ -42,6 +42,21 @@ def test_a_replay_on_a_profile_prints_and_writes_what_predict_computes(files):
     assert auto.split()[1:] == [f"{expected.speedup['auto'][g]:.3f}" for g in ("even", "odd", "all")]
 
 
+def test_host_ms_prices_the_engines_own_work_in_a_replay(files):
+    from specrouter.sim.host import HostCosts
+
+    result = invoke(files / "trace.json", "--profile", files / "profile.json", "--host-ms", "0.5,0.1,0.8",
+                    "--json", files / "host.json")
+    assert result.exit_code == 0, result.output
+    host = HostCosts(per_call=0.5e-3, per_row=0.1e-3, per_choice=0.8e-3)
+    trace, measured = Trace.load(files / "trace.json"), read_profile(files / "profile.json")
+    expected = predict(trace, measured, host=host)
+    written = json.loads((files / "host.json").read_text())
+    assert written["speedup"] == expected.speedup and written["host"] == host.label()
+    assert expected.speedup != predict(trace, measured).speedup  # the host work moved the replay
+    assert host.label() in result.output
+
+
 def test_a_profile_file_is_replayed_fitted_non_decreasing(files):
     """A measured table whose n = 1 median sits above larger sizes' (a GPU's launch-bound
     jitter) is pooled before the replay: the replay equals predict() on the fitted profile,
@@ -94,6 +109,10 @@ def test_a_batch_replay_prints_and_writes_what_predict_batches_computes(files):
     (["--profile", "p.json", "--overhead-ms", "2"], "--overhead-ms goes with --roofline"),
     (["--roofline", "h100", "--bytes-per-param", "0"], "--bytes-per-param must be > 0"),
     (["--record", "p.jsonl", "--branch-tokens", "0"], "--branch-tokens must be >= 1, got 0"),
+    (["--roofline", "h100", "--host-ms", "0.1"], "host costs must be 'CALL_MS,ROW_MS'"),
+    (["--roofline", "h100", "--host-ms", "0.1,x"], "host costs must be 'CALL_MS,ROW_MS'"),
+    (["--roofline", "h100", "--host-ms", "0.1,-1"], "host per_row must be seconds in [0, 1), got -0.001"),
+    (["--record", "p.jsonl", "--host-ms", "0.1,0.1"], "--host-ms goes with a replay"),
 ])
 def test_bad_options_are_one_clear_line(files, args, message):
     result = invoke(files / "trace.json", *args)

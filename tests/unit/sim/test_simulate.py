@@ -19,6 +19,7 @@ from specrouter.router.pacing import ChoicePacing
 from specrouter.sim.host import HostCosts
 from specrouter.sim.roofline import DEVICES, Device, device, roofline_profile
 from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains,
+                                     decode_seconds,
                                      predict)
 from specrouter.sim.trace import Trace, record
 
@@ -107,6 +108,29 @@ def test_a_fixed_chain_costs_in_simulation_exactly_what_the_real_run_cost(names,
     sim = simulated(replay, replay.chain(ChainChoice(names, ks)))
     assert [r[0] for r in real] == [r.answer for r in trace.requests]
     assert [s for s, _ in sim] == pytest.approx([s for _, s, _ in real], rel=1e-12)
+
+
+@pytest.mark.parametrize("price_prompt", [False, True])
+@pytest.mark.parametrize(("names", "ks"), [(("target",), ()), (("draft", "target"), (3,)), (("suffix", "target"), (8,)),
+                                           (("suffix", "draft", "target"), (2, 6))])
+def test_timed_from_the_first_streamed_text_a_replay_costs_what_the_real_run_did(names, ks, price_prompt):
+    """What a validation compares: the first cycle (the prompt's prefill, a draft's catch-up on
+    it, and whatever that cycle drafted and verified) is outside both sides' time, so the
+    replay times a fixed chain exactly as the real run does, whether it prices the prompt or
+    not; its full `seconds` price that cycle's tokens (after the prompt, unless priced)."""
+    p = profile()
+    target, draft = models(p)
+    trace = record(target, [draft], prompts(6), max_tokens=40, branch_tokens=16)
+    target, draft = models(p)
+    clock = lambda: target.simulated_seconds + draft.simulated_seconds  # noqa: E731
+    chain = Chain([{"draft": draft, "target": target}.get(n) or SuffixDrafter() for n in names], list(ks))
+    real = [decode_seconds(chain, prompt, 40, clock)[0] for _, _, prompt in prompts(6)]
+    replay = Replay(trace, p, price_prompt=price_prompt)
+    runs = replay.run(replay.chain(ChainChoice(names, ks)))
+    assert [r.streamed_seconds for r in runs] == pytest.approx(real, rel=1e-12)
+    assert min(real) > 0 and all(r.seconds > r.streamed_seconds for r in runs)
+    if names == ("target",) and not price_prompt:  # its first cycle after the prompt: one forward of the prompt's last token
+        assert [r.seconds - r.streamed_seconds for r in runs] == pytest.approx([p.seconds("target", 1)] * 6)
 
 
 class Attending(SyntheticBackend):
@@ -329,19 +353,39 @@ def test_validation_sets_real_runs_beside_the_simulation_on_the_profile_it_measu
     assert set(out.groups) == set(out.fixed) == {"even", "odd", "all"}
     for checks in (out.groups, out.fixed):  # greedy: the same text
         assert [checks[g].same_text for g in ("even", "odd", "all")] == ["4/4", "4/4", "8/8"]
-    simulated = predict(trace, CostProfile.from_dict(out.profile), "suffix")
-    assert {g: c.simulated for g, c in out.groups.items()} == simulated.speedup[AUTO]
+    simulated = predict(trace, CostProfile.from_dict(out.profile), "suffix", price_prompt=True)
+    # Timed as the real runs are, from the first streamed text, every token priced.
+    assert {g: c.simulated for g, c in out.groups.items()} == simulated.streamed[AUTO]
     assert {g: c.drafted_simulated for g, c in out.groups.items()} == simulated.drafted[AUTO]
-    # Each group's fixed chain is the simulation's best of any depth there.
+    # Each group's fixed chain is the simulation's best of any depth there, timed so.
+    fixed = [c.label for c in candidate_chains(trace, "suffix")]
+    assert set(simulated.streamed) == {ALONE, AUTO, *fixed}
     for g in ("even", "odd"):
-        best = max((per_group[g] for per_group in simulated.best.values()), key=lambda m: simulated.speedup[m][g])
-        assert out.chains[g] == best and out.fixed[g].simulated == simulated.speedup[best][g]
+        best = max(fixed, key=lambda m: simulated.streamed[m][g])
+        assert out.chains[g] == best and out.fixed[g].simulated == simulated.streamed[best][g]
         assert out.fixed[g].drafted_simulated == simulated.drafted[best][g]
     if out.chains["even"] == out.chains["odd"]:  # one chain for every request: 'all' is its own
-        assert out.fixed["all"].simulated == simulated.speedup[out.chains["even"]]["all"]
+        assert out.fixed["all"].simulated == simulated.streamed[out.chains["even"]]["all"]
     checks = [*out.groups.values(), *out.fixed.values()]
     assert all(0 <= c.drafted_measured <= 1 for c in checks)
     assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for c in checks)
+
+
+def test_validation_prices_the_engines_own_work_as_the_replay_does(trace):
+    """With `host`, the simulated side of every check is the replay with that host work: auto's
+    and each group's fixed chain's (and 'all', each request by its group's chain)."""
+    from specrouter.sim.validate import _pooled, validate
+
+    host = HostCosts(per_call=0.002, per_row=0.001, per_choice=0.003)
+    out = validate(trace, SyntheticPool(), lookup="suffix", host=host)
+    measured = CostProfile.from_dict(out.profile)
+    priced = predict(trace, measured, "suffix", price_prompt=True, host=host)
+    free = predict(trace, measured, "suffix", price_prompt=True)
+    assert {g: c.simulated for g, c in out.groups.items()} == priced.streamed[AUTO] != free.streamed[AUTO]
+    for g in ("even", "odd"):
+        assert out.fixed[g].simulated == priced.streamed[out.chains[g]][g]
+    chains = {g: next(c for c in candidate_chains(trace, "suffix") if c.label == out.chains[g]) for g in ("even", "odd")}
+    assert out.fixed["all"].simulated == _pooled(trace, measured, chains, host)[0]
 
 
 @pytest.mark.parametrize(("names", "ks"), [(("target",), ()), (("draft", "target"), (3,)),
