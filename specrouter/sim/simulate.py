@@ -91,7 +91,7 @@ class Run:
     tokens: int
     cycles: int
     drafted_cycles: int  # cycles whose chain drafted (more than the target alone)
-    streamed_seconds: float  # from the first streamed text to the end (decode_seconds: what a real run measures)
+    streamed_seconds: float  # from the first streamed text to the end (decode_seconds: as a real run is timed)
 
 
 class Replay:
@@ -220,6 +220,8 @@ class Prediction:
     best: dict[str, dict[str, str]]  # 'best 2-level' / 'best 3-level' -> group -> chain label
     #: The same medians over the times from each run's first streamed text (Run.streamed_seconds).
     streamed: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: Per method, its run of every request, in the trace's order.
+    runs: dict[str, list[Run]] = field(default_factory=dict)
 
 
 def speedups(alone: Sequence[Run], runs: Sequence[Run], groups: Sequence[str],
@@ -260,4 +262,4 @@ def predict(trace: Trace, profile: CostProfile, lookup: str = DEFAULT_LOOKUP,
         labels = [c.label for c in fixed if c.depth == d]
         if labels:
             best[f"best {d}-level"] = {g: max(labels, key=lambda m: speedup[m][g]) for g in (*groups, "all")}
-    return Prediction(speedup, drafted, best, streamed)
+    return Prediction(speedup, drafted, best, streamed, results)

@@ -1,21 +1,21 @@
 """Validation: the simulator's speed-ups against this machine's real runs of the same requests.
 
 The simulation runs first, on this machine's profile (measured now, PROFILE_REPEATS forwards
-per size, fitted non-decreasing in n): every fixed chain and
-auto over the trace, which names each group's best fixed chain (of any depth, with
-hindsight, on the times validated: Prediction.streamed). Then, for every request of the trace, for real on the loaded models: the target
-alone, then `repeats` times auto, the group's best fixed chain and the target alone again
-(greedy, the trace's max_tokens; decode time from the first streamed text to the end:
-simulate.decode_seconds, which times the simulated runs the same way, so the first cycle, with
-the prefill and whatever it drafted, is outside both). The replay prices every token fed
-(price_prompt): after the first cycle a prompt token is fed only by a draft model that
-joins mid-request and catches up on it, which the real run pays too. The router is fresh (no saved estimates), takes that
-same profile, and serves the requests in order, as the simulated one does. Per method
-(auto, the best fixed chain; the target alone is 1 on both sides), per group and overall:
-the median per request of the target alone's time over the method's, measured and
-simulated, and the simulation's relative error (`ok` when every error is within
-`max_error`); and the share of the method's cycles that drafted, measured and simulated
-(where they part for auto, the router chose otherwise).
+per size, fitted non-decreasing in n): every fixed chain and auto over the trace, which
+names each group's best fixed chain (of any depth, with hindsight, on the times validated:
+Prediction.streamed). Then, for every request of the trace, for real on the loaded models:
+the target alone, then `repeats` times auto, the group's best fixed chain and the target
+alone again (greedy, the trace's max_tokens; decode time from the first streamed text to the
+end: simulate.decode_seconds, which times the simulated runs the same way, so the first
+cycle, with the prefill and whatever it drafted, is outside both). The replay prices every
+token fed (price_prompt): after the first cycle a prompt token is fed only by a draft model
+that joins mid-request and catches up on it, which the real run pays too. The router is
+fresh (no saved estimates), takes that same profile, and serves the requests in order, as
+the simulated one does. Per method (auto, the best fixed chain; the target alone is 1 on
+both sides), per group and overall: the median per request of the target alone's time over
+the method's, measured and simulated, and the simulation's relative error (`ok` when every
+error is within `max_error`); and the share of the method's cycles that drafted, measured
+and simulated (where they part for auto, the router chose otherwise).
 
 What a real run has that the simulation does not (simulate.py's list) shows up here as
 error: the Python work per cycle, this machine's timing noise (the target alone's two runs
@@ -36,10 +36,9 @@ from specrouter.cascade.chain import Chain
 from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.engine.request import GenerationResult
 from specrouter.router import auto_router
-from specrouter.router.costs import CostProfile
 from specrouter.router.profiler import load_or_profile
 from specrouter.sim.host import NO_HOST, HostCosts
-from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Prediction, Replay, candidate_chains, decode_seconds,
+from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Prediction, candidate_chains, decode_seconds,
                                      drafted_cycles, predict)
 from specrouter.sim.trace import Trace
 
@@ -140,7 +139,7 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
                 runs[method].ratios.setdefault(request.group, []).append(statistics.mean(alone_runs)
                                                                          / statistics.mean(took))
     fixed_speedup = {g: simulated.streamed[c.label][g] for g, c in chains.items()}
-    fixed_speedup["all"], fixed_drafted_all = _pooled(trace, profile, chains, host)
+    fixed_speedup["all"], fixed_drafted_all = _pooled(simulated, chains)
     fixed_drafted = {g: simulated.drafted[c.label][g] for g, c in chains.items()}
     fixed_drafted["all"] = fixed_drafted_all
     return Validation(runs[AUTO].checks(simulated.streamed[AUTO], simulated.drafted[AUTO]), max_error,
@@ -155,17 +154,14 @@ def best_fixed(simulated: Prediction, group: str) -> str:
     return max(fixed, key=lambda m: simulated.streamed[m][group])
 
 
-def _pooled(trace: Trace, profile: CostProfile, chains: dict[str, ChainChoice],
-            host: HostCosts = NO_HOST) -> tuple[float, float]:
-    """Simulated over every request, each run by its group's fixed chain (as 'all' is
-    measured): the median of the target alone's time over the chain's (from the first
-    streamed text), and the share of drafting cycles."""
-    replay = Replay(trace, profile, price_prompt=True, host=host)
-    alone = replay.run(replay.chain(ChainChoice((trace.target,), ())))
+def _pooled(simulated: Prediction, chains: dict[str, ChainChoice]) -> tuple[float, float]:
+    """Over every request, each run by its group's fixed chain (as 'all' is measured), from the
+    simulation's own runs: the median of the target alone's time over the chain's (from the
+    first streamed text), and the share of drafting cycles."""
     ratios, drafted, cycles = [], 0, 0
-    for choice in {c.label: c for c in chains.values()}.values():
-        for a, r in zip(alone, replay.run(replay.chain(choice)), strict=True):
-            if chains[r.group] == choice:
+    for group, choice in chains.items():
+        for a, r in zip(simulated.runs[ALONE], simulated.runs[choice.label], strict=True):
+            if r.group == group:
                 ratios.append(a.streamed_seconds / r.streamed_seconds)
                 drafted, cycles = drafted + r.drafted_cycles, cycles + r.cycles
     return round(statistics.median(ratios), 3), round(drafted / max(1, cycles), 3)
