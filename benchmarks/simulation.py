@@ -35,7 +35,6 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +94,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
     mark = time.perf_counter()
     profiles: dict[str, CostProfile] = {}
     if checked is not None:
-        profiles["this machine (measured)"] = CostProfile.from_dict(checked.profile)
+        profiles["this machine (timed between the validation's real runs)"] = CostProfile.from_dict(checked.machine)
     for name, overhead in ROOFLINES if rooflines else ():
         dev = device(name, overhead)
         profiles[f"{dev.name}, {overhead} ms per forward: SIMULATION"] = roofline_profile(dev, trace.params_b)
@@ -119,12 +118,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
         "gpu_profiles": measured_on,
         "step_models": phases_name,
         "host": host.label(),
-        "validation": None if checked is None else {
-            "repeats": repeats, "max_error": checked.max_error, "ok": checked.ok, "profile": checked.profile,
-            "timed": TIMED,
-            "groups": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.groups.items()},
-            "fixed": {g: {**asdict(c), "error": round(c.error, 4)} for g, c in checked.fixed.items()},
-            "chains": checked.chains},
+        "validation": None if checked is None else {"repeats": repeats, "timed": TIMED, **checked.as_dict()},
         "predictions": predictions,
         "batches": batched,
     }
@@ -195,15 +189,36 @@ def markdown(result: dict) -> str:
         lines += [f"## Validation on this machine ({v['repeats']} run(s) per request and method)", ""]
         if "timed" in v:
             lines += [f"Timed {v['timed']}.", ""]
-        lines += ["| method | dataset | measured | simulated | error | cycles that drafted, measured / simulated "
-                  "| real runs with the recorded text |", "|---|---|---|---|---|---|---|"]
+        # Results from before the machine was timed between the runs simulated on the up-front profile only.
+        upfront = "rounds" in v
+        if upfront:
+            lines += [f"Simulated on the machine's profile timed in {v['rounds']} rounds between the real runs (the "
+                      "router starting from the up-front profile, as the real one did); 'up front': on the profile "
+                      "timed before the runs.", ""]
+        lines += ["| method | dataset | measured | simulated | error | "
+                  + ("simulated up front | error up front | " if upfront else "")
+                  + "cycles that drafted, measured / simulated | real runs with the recorded text |",
+                  "|---|---|---|---|---|---|---|" + ("---|---|" if upfront else "")]
         # Results from before the fixed chain was validated hold auto's checks only.
         for method, checks in (("auto", v["groups"]), ("best fixed chain", v.get("fixed", {}))):
             lines += [f"| {method if method == 'auto' else v['chains'].get(g, method)} | {g} | {c['measured']:.3f} | "
                       f"{c['simulated']:.3f} | {c['error']:+.1%} | "
+                      + (f"{c['simulated_upfront']:.3f} | {c['error_upfront']:+.1%} | " if upfront else "")
                       + (f"{c['drafted_measured']:.1%} / {c['drafted_simulated']:.1%}" if "drafted_measured" in c else "")
                       + f" | {c['same_text']} |" for g, c in checks.items()]
         lines += ["", f"Within {v['max_error']:.0%} everywhere: **{v['ok']}**.", ""]
+        if v.get("requests"):  # results from before it kept the group medians only
+            lines += ["Per request, measured / simulated (runs with the recorded text; for auto, its cycles that "
+                      "drafted, measured / simulated):", "",
+                      "| dataset | request | auto | best fixed chain |", "|---|---|---|---|"]
+            per = {}
+            for r in v["requests"]:
+                drafted = (f"; {r['drafted_measured']:.0%} / {r['drafted_simulated']:.0%}"
+                           if r["method"] == AUTO and "drafted_measured" in r else "")
+                per.setdefault((r["group"], r["id"]), []).append(
+                    f"{r['measured']:.3f} / {r['simulated']:.3f} ({r['same_text']}{drafted})")
+            lines += [f"| {g} | {i} | " + " | ".join(cells) + " |" for (g, i), cells in per.items()]
+            lines.append("")
     for label, p in result["predictions"].items():
         groups = list(p["speedup"][ALONE])
         lines += [f"## {label}", "", "| method | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]

@@ -227,6 +227,12 @@ def profile_lookups(repeats: int = 20, context_tokens: int = 2048) -> dict[str, 
     return out
 
 
+def holds_long_context(backend: Backend) -> bool:
+    """Whether the model's context holds LONG_CONTEXT cached tokens and the largest of
+    CONTEXT_NS after them (where its context table is timed)."""
+    return backend.n_ctx > LONG_CONTEXT + max(CONTEXT_NS)
+
+
 def _prefix_tokens(backend: Backend, n: int) -> list[int]:
     tokens = backend.tokenize(_PREFIX_TEXT, add_special=False) or [0]
     return (tokens * (1 + n // len(tokens)))[:n]
@@ -419,7 +425,7 @@ def _load_or_profile(
             todo.append((backend, key))
         else:
             profile.tables[backend.name] = table
-        if backend.n_ctx > LONG_CONTEXT + max(CONTEXT_NS):
+        if holds_long_context(backend):
             long = None if force else _read_cached(_cache_file(directory, backend, ".context"), key)
             if long is None:
                 todo_context.append((backend, key))

@@ -26,8 +26,10 @@ and the off-path behaviour of intermediate verifiers (backends/replay.py). A mod
 lookup costs what the profile's lookup_seconds says, not charged to the clock.
 
 The router starts with the profile's costs as its profile (what it would have measured
-on that machine) and fresh acceptance estimates, and serves the trace's requests in order
-(warm after the first, as a server's router is).
+on that machine; or another profile, `belief`: what a real router measured before a
+machine that then ran otherwise) and fresh acceptance estimates, refines its costs from the
+forwards it times on the simulated clock, and serves the trace's requests in order (warm
+after the first, as a server's router is).
 """
 
 from __future__ import annotations
@@ -95,13 +97,19 @@ class Run:
 
 
 class Replay:
-    """The trace's models replayed, each priced by `profile`, sharing one vocabulary."""
+    """The trace's models replayed, each priced by `profile`, sharing one vocabulary; a
+    router's costs start from `belief` (default: `profile`, the machine as the router would
+    have measured it; a validation passes the profile the real router took, and prices the
+    replay by the machine as it was while the real runs ran: validate.py)."""
 
-    def __init__(self, trace: Trace, profile: CostProfile, price_prompt: bool = False, host: HostCosts = NO_HOST) -> None:
-        missing = [m for m in (trace.target, *trace.drafts) if m not in profile.tables]
-        if missing:
-            raise SimulationError(f"the cost profile has no table for {', '.join(missing)}")
-        self.trace, self.profile = trace, profile
+    def __init__(self, trace: Trace, profile: CostProfile, price_prompt: bool = False, host: HostCosts = NO_HOST,
+                 belief: CostProfile | None = None) -> None:
+        belief = profile if belief is None else belief
+        for which, costs in (("cost profile", profile), ("router's profile", belief)):
+            missing = [m for m in (trace.target, *trace.drafts) if m not in costs.tables]
+            if missing:
+                raise SimulationError(f"the {which} has no table for {', '.join(missing)}")
+        self.trace, self.profile, self.belief = trace, profile, belief
         scripts = [r.script for r in trace.requests]
         tracks = {d: [r.tracks[d] for r in trace.requests] for d in trace.drafts}
         vocabulary = Vocabulary.of(scripts, tracks.values(), trace.eos_ids)
@@ -151,7 +159,7 @@ class Replay:
 
     def router(self, lookup: str = DEFAULT_LOOKUP, pacing: ChoicePacing | None = None) -> Router:
         """pacing: how often its sessions deliberate (default router/pacing.py's FRACTION)."""
-        return build_router(self.target, self.drafts, OnlineCosts(self.profile), AcceptanceEstimator(), lookup=lookup,
+        return build_router(self.target, self.drafts, OnlineCosts(self.belief), AcceptanceEstimator(), lookup=lookup,
                             pacing=pacing)
 
     def run(self, method: Chain | Router) -> list[Run]:
@@ -235,12 +243,14 @@ def speedups(alone: Sequence[Run], runs: Sequence[Run], groups: Sequence[str],
 
 def predict(trace: Trace, profile: CostProfile, lookup: str = DEFAULT_LOOKUP,
             chains: Sequence[ChainChoice] | None = None, price_prompt: bool = False,
-            progress: Callable[[str], None] | None = None, host: HostCosts = NO_HOST) -> Prediction:
+            progress: Callable[[str], None] | None = None, host: HostCosts = NO_HOST,
+            belief: CostProfile | None = None) -> Prediction:
     """The target alone, every fixed chain of `chains` (default: candidate_chains) and the
     router, each over the whole trace on `profile` (plus the engine's own work as `host`
-    prices it); the best fixed chain of each depth per group is the one with the highest
-    median speed-up there (chosen with hindsight)."""
-    replay = Replay(trace, profile, price_prompt, host)
+    prices it; the router's costs from `belief`, default `profile`: Replay); the best fixed
+    chain of each depth per group is the one with the highest median speed-up there (chosen
+    with hindsight)."""
+    replay = Replay(trace, profile, price_prompt, host, belief)
     groups = trace.groups
     alone = replay.run(replay.chain(ChainChoice((trace.target,), ())))
     results: dict[str, list[Run]] = {ALONE: alone}

@@ -1,21 +1,30 @@
 """Validation: the simulator's speed-ups against this machine's real runs of the same requests.
 
-The simulation runs first, on this machine's profile (measured now, PROFILE_REPEATS forwards
-per size, fitted non-decreasing in n): every fixed chain and auto over the trace, which
-names each group's best fixed chain (of any depth, with hindsight, on the times validated:
-Prediction.streamed). Then, for every request of the trace, for real on the loaded models:
-the target alone, then `repeats` times auto, the group's best fixed chain and the target
-alone again (greedy, the trace's max_tokens; decode time from the first streamed text to the
-end: simulate.decode_seconds, which times the simulated runs the same way, so the first
-cycle, with the prefill and whatever it drafted, is outside both). The replay prices every
-token fed (price_prompt): after the first cycle a prompt token is fed only by a draft model
-that joins mid-request and catches up on it, which the real run pays too. The router is
-fresh (no saved estimates), takes that same profile, and serves the requests in order, as
-the simulated one does. Per method (auto, the best fixed chain; the target alone is 1 on
-both sides), per group and overall: the median per request of the target alone's time over
-the method's, measured and simulated, and the simulation's relative error (`ok` when every
-error is within `max_error`); and the share of the method's cycles that drafted, measured
-and simulated (where they part for auto, the router chose otherwise).
+First the up-front simulation, on the profile measured now (PROFILE_REPEATS forwards per
+size, fitted non-decreasing in n: what the real router takes): every fixed chain and auto
+over the trace, which names each group's best fixed chain (of any depth, on the times
+validated: Prediction.streamed). Then, for every request of the trace, for real on the
+loaded models: the target alone, then `repeats` times auto, the group's best fixed chain
+and the target alone again (greedy, the trace's max_tokens; decode time from the first
+streamed text to the end: simulate.decode_seconds, which times the simulated runs the same
+way, so the first cycle, with the prefill and whatever it drafted, is outside both). The
+router is fresh (no saved estimates), takes the up-front profile, and serves the requests in
+order, as the simulated one does. Before the first request and after each, one round of the
+machine's profile is timed (sim/machine.py): the machine as it was while the real runs ran.
+
+The simulation validated then replays the target alone, auto and the chains run, priced by
+that machine, its router starting from the up-front profile as the real one did (Replay's
+belief): a profile timed in one sitting before the runs moved the replay by 5-15% between
+two validations of the same runs (docs/simulation.md). The replay prices every token fed
+(price_prompt): after the first cycle a prompt token is fed only by a draft model that joins
+mid-request and catches up on it, which the real run pays too.
+
+Per method (auto, the best fixed chain; the target alone is 1 on both sides), per group and
+overall: the median per request of the target alone's time over the method's, measured,
+simulated on the machine and simulated up front, and the simulation's relative error (`ok`
+when every error on the machine is within `max_error`); and the share of the method's
+cycles that drafted, measured and simulated (where they part for auto, the router chose
+otherwise).
 
 What a real run has that the simulation does not (simulate.py's list) shows up here as
 error: the Python work per cycle, this machine's timing noise (the target alone's two runs
@@ -29,7 +38,7 @@ import json
 import statistics
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specrouter.cascade.chain import Chain
@@ -38,6 +47,7 @@ from specrouter.engine.request import GenerationResult
 from specrouter.router import auto_router
 from specrouter.router.profiler import load_or_profile
 from specrouter.sim.host import NO_HOST, HostCosts
+from specrouter.sim.machine import InterleavedProfile
 from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Prediction, candidate_chains, decode_seconds,
                                      drafted_cycles, predict)
 from specrouter.sim.trace import Trace
@@ -57,28 +67,60 @@ FIXED = "best fixed chain"
 @dataclass(frozen=True)
 class GroupCheck:
     measured: float  # median per request of the target alone's decode time over the method's
-    simulated: float
+    simulated: float  # on the machine timed between the real runs
     same_text: str  # real runs of the method that wrote the recorded answer, of all
     drafted_measured: float  # share of the method's cycles whose chain drafted, real runs
     drafted_simulated: float
+    simulated_upfront: float  # on the profile timed before the runs (which the router took)
 
     @property
     def error(self) -> float:
         return self.simulated / self.measured - 1
+
+    @property
+    def error_upfront(self) -> float:
+        return self.simulated_upfront / self.measured - 1
+
+
+@dataclass(frozen=True)
+class RequestCheck:
+    """One request of one method: the target alone's decode time over the method's, measured
+    (means over the repeats) and simulated on the machine; where the group's median comes from."""
+
+    group: str
+    id: str
+    method: str  # auto, or the label of the group's fixed chain
+    measured: float
+    simulated: float
+    same_text: str  # real runs of the method on it that wrote the recorded answer, of all
+    drafted_measured: float  # share of its cycles whose chain drafted, over the real runs
+    drafted_simulated: float
 
 
 @dataclass(frozen=True)
 class Validation:
     groups: dict[str, GroupCheck]  # auto, per group and 'all'
     max_error: float
-    profile: dict  # the profile both used (CostProfile.as_dict)
-    #: The best fixed chain per group (the simulation's, with hindsight), per group and 'all'.
+    profile: dict  # the up-front profile both routers took (CostProfile.as_dict)
+    machine: dict  # the profile timed between the real runs, which priced the replay validated
+    rounds: int  # of the machine's profile
+    #: The best fixed chain per group (the up-front simulation's, with hindsight), per group and 'all'.
     fixed: dict[str, GroupCheck] = field(default_factory=dict)
     chains: dict[str, str] = field(default_factory=dict)  # group -> that chain's label
+    requests: list[RequestCheck] = field(default_factory=list)  # in the trace's order, auto then the fixed chain
 
     @property
     def ok(self) -> bool:
         return all(abs(g.error) <= self.max_error for g in [*self.groups.values(), *self.fixed.values()])
+
+    def as_dict(self) -> dict:
+        """What a result file keeps: every check with its errors, the chains, both profiles."""
+        def checks(of: dict[str, GroupCheck]) -> dict:
+            return {g: {**asdict(c), "error": round(c.error, 4), "error_upfront": round(c.error_upfront, 4)}
+                    for g, c in of.items()}
+        return {"max_error": self.max_error, "ok": self.ok, "groups": checks(self.groups), "fixed": checks(self.fixed),
+                "chains": self.chains, "profile": self.profile, "machine": self.machine, "rounds": self.rounds,
+                "requests": [asdict(r) for r in self.requests]}
 
 
 @dataclass
@@ -95,56 +137,86 @@ class _Runs:
         counts[0] += drafted_cycles(r)
         counts[1] += r.cycles
 
-    def checks(self, speedup: dict[str, float], drafted: dict[str, float]) -> dict[str, GroupCheck]:
+    def checks(self, speedup: dict[str, float], drafted: dict[str, float],
+               upfront: dict[str, float]) -> dict[str, GroupCheck]:
         ratios = {**self.ratios, "all": [r for rs in self.ratios.values() for r in rs]}
         same = {**self.same, "all": [s for ss in self.same.values() for s in ss]}
         cycles = {**self.cycles, "all": [sum(c[0] for c in self.cycles.values()), sum(c[1] for c in self.cycles.values())]}
         return {g: GroupCheck(round(statistics.median(rs), 3), speedup[g], f"{sum(same[g])}/{len(same[g])}",
-                              round(cycles[g][0] / max(1, cycles[g][1]), 3), drafted[g])
+                              round(cycles[g][0] / max(1, cycles[g][1]), 3), drafted[g], upfront[g])
                 for g, rs in ratios.items()}
 
 
 def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1, max_error: float = MAX_ERROR,
-             progress: Callable[[str], None] | None = None, host: HostCosts = NO_HOST) -> Validation:
+             progress: Callable[[str], None] | None = None, host: HostCosts = NO_HOST,
+             machine: InterleavedProfile | None = None) -> Validation:
     """Real runs of the trace's requests on `pool`'s models against the simulation (module
-    docstring); `host`: the engine's own work as the simulation prices it (sim/host.py)."""
+    docstring); `host`: the engine's own work as the simulation prices it (sim/host.py);
+    `machine`: what times the rounds between the runs (default: every model's forwards on
+    the wall clock; tests pass one on a simulated clock)."""
     target = pool.model(trace.target)
     models = [*(pool.model(d) for d in trace.drafts), target]
+    machine = machine or InterleavedProfile(models)
     with tempfile.TemporaryDirectory() as fresh:  # no saved estimates; the profile measured once, here
         profile = load_or_profile(models, Path(fresh), progress=progress is not None, repeats=PROFILE_REPEATS,
                                   batches=()).nondecreasing()
         given = Path(fresh) / "profile.json"  # the router takes exactly these costs
         given.write_text(json.dumps(profile.as_dict()))
-        simulated = predict(trace, profile, lookup, price_prompt=True, host=host)
+        upfront = predict(trace, profile, lookup, price_prompt=True, host=host)
         by_label = {c.label: c for c in candidate_chains(trace, lookup)}
-        chains = {g: by_label[best_fixed(simulated, g)] for g in trace.groups}
+        chains = {g: by_label[best_fixed(upfront, g)] for g in trace.groups}
         fixed = {g: c.build(models) for g, c in chains.items()}
         router = auto_router(pool, trace.target, [*trace.drafts, trace.target], profile_dir=Path(fresh),
                              progress=False, lookup=lookup, profile_file=given)
         alone = Chain([target], [])
         runs = {AUTO: _Runs(), FIXED: _Runs()}
-        for request in trace.requests:
+        #: Per request and method: (request, method's label, ratio, runs with the text, share of drafting cycles).
+        measured: list[tuple[int, str, float, int, float]] = []
+        machine.round()
+        for i, request in enumerate(trace.requests):
             if progress is not None:
                 progress(f"{request.group} {request.id}")
             n = trace.max_tokens
             alone_runs = [decode_seconds(alone, request.prompt, n)[0]]
             seconds: dict[str, list[float]] = {AUTO: [], FIXED: []}
+            wrote = {AUTO: 0, FIXED: 0}
+            cycles = {AUTO: [0, 0], FIXED: [0, 0]}  # drafted, all
             for _ in range(repeats):
                 for method, generator in ((AUTO, router), (FIXED, fixed[request.group])):
                     took, r = decode_seconds(generator, request.prompt, n)
                     seconds[method].append(took)
                     runs[method].add(request, r)
+                    wrote[method] += r.token_ids == request.answer
+                    cycles[method][0] += drafted_cycles(r)
+                    cycles[method][1] += r.cycles
                 alone_runs.append(decode_seconds(alone, request.prompt, n)[0])
             for method, took in seconds.items():
-                runs[method].ratios.setdefault(request.group, []).append(statistics.mean(alone_runs)
-                                                                         / statistics.mean(took))
-    fixed_speedup = {g: simulated.streamed[c.label][g] for g, c in chains.items()}
-    fixed_speedup["all"], fixed_drafted_all = _pooled(simulated, chains)
-    fixed_drafted = {g: simulated.drafted[c.label][g] for g, c in chains.items()}
-    fixed_drafted["all"] = fixed_drafted_all
-    return Validation(runs[AUTO].checks(simulated.streamed[AUTO], simulated.drafted[AUTO]), max_error,
-                      profile.as_dict(), runs[FIXED].checks(fixed_speedup, fixed_drafted),
-                      {g: c.label for g, c in chains.items()})
+                ratio = statistics.mean(alone_runs) / statistics.mean(took)
+                runs[method].ratios.setdefault(request.group, []).append(ratio)
+                measured.append((i, AUTO if method == AUTO else chains[request.group].label, ratio, wrote[method],
+                                 cycles[method][0] / max(1, cycles[method][1])))
+            machine.round()
+    timed = machine.profile()
+    simulated = predict(trace, timed, lookup, list(dict.fromkeys(chains.values())), price_prompt=True, host=host,
+                        belief=profile)
+    replayed = simulated.runs
+    requests = [RequestCheck(trace.requests[i].group, trace.requests[i].id, label, round(ratio, 3),
+                             round(replayed[ALONE][i].streamed_seconds / replayed[label][i].streamed_seconds, 3),
+                             f"{same}/{repeats}", round(drafted, 3),
+                             round(replayed[label][i].drafted_cycles / max(1, replayed[label][i].cycles), 3))
+                for i, label, ratio, same, drafted in measured]
+
+    def fixed_checks(prediction: Prediction) -> tuple[dict[str, float], dict[str, float]]:
+        speedup = {g: prediction.streamed[c.label][g] for g, c in chains.items()}
+        drafted = {g: prediction.drafted[c.label][g] for g, c in chains.items()}
+        speedup["all"], drafted["all"] = _pooled(prediction, chains)
+        return speedup, drafted
+
+    fixed_speedup, fixed_drafted = fixed_checks(simulated)
+    return Validation(runs[AUTO].checks(simulated.streamed[AUTO], simulated.drafted[AUTO], upfront.streamed[AUTO]),
+                      max_error, profile.as_dict(), timed.as_dict(), machine.rounds,
+                      runs[FIXED].checks(fixed_speedup, fixed_drafted, fixed_checks(upfront)[0]),
+                      {g: c.label for g, c in chains.items()}, requests)
 
 
 def best_fixed(simulated: Prediction, group: str) -> str:

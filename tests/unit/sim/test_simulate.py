@@ -261,6 +261,38 @@ def test_the_router_makes_in_simulation_the_real_runs_choices_at_the_same_cost(d
     assert [seconds for seconds, _ in sim] == pytest.approx([seconds for _, seconds, _ in real], rel=1e-12)
 
 
+def test_a_router_that_believes_other_costs_makes_the_real_runs_choices_on_that_machine():
+    # A validation prices its replay by the machine as the real runs saw it, while the real
+    # router started from a profile timed before them (Replay's belief). Here the router
+    # believes the draft 10x dearer than it is: in the real run and in the replay alike it
+    # chooses from that belief, refines from the forwards it times on the machine, and
+    # every request costs the machine's time; with the machine's own costs it chooses otherwise.
+    machine = profile(CHEAP)
+    belief = profile({"target": CHEAP["target"], "draft": (0.03, 0.005)})
+    target, draft = models(machine)
+    trace = record(target, [draft], prompts(8), max_tokens=40, branch_tokens=32)
+
+    def router(t, d):
+        return build_router(t, [d], OnlineCosts(belief), AcceptanceEstimator(), lookup="suffix")
+
+    real = real_run(router, machine, 8)
+    replay = Replay(trace, machine, price_prompt=True, belief=belief)
+    assert replay.router("suffix").costs.profile.tables == belief.tables
+    sim = simulated(replay, replay.router("suffix"))
+    assert [choices for _, choices in sim] == [choices for _, _, choices in real]
+    assert [seconds for seconds, _ in sim] == pytest.approx([seconds for _, seconds, _ in real], rel=1e-12)
+    knowing = Replay(trace, machine, price_prompt=True)
+    assert knowing.router("suffix").costs.profile.tables == machine.tables
+    assert [choices for _, choices in simulated(knowing, knowing.router("suffix"))] != [choices for _, choices in sim]
+    # A fixed chain chooses nothing: what the router believes does not touch its runs.
+    chain = ChainChoice(("suffix", "draft", "target"), (2, 6))
+    a, b = simulated(replay, replay.chain(chain)), simulated(knowing, knowing.chain(chain))
+    assert [choices for _, choices in a] == [choices for _, choices in b]
+    assert [seconds for seconds, _ in a] == pytest.approx([seconds for seconds, _ in b], rel=1e-12)
+    with pytest.raises(SimulationError, match="the router's profile has no table for draft"):
+        Replay(trace, machine, belief=CostProfile({"target": {1: 0.05}}))
+
+
 def test_a_branch_is_what_the_draft_proposes_after_its_wrong_token(trace):
     _, draft = models(profile())
     request = trace.requests[0]
@@ -348,29 +380,70 @@ class SyntheticPool:
         return {"target": self.target, "draft": self.draft}[name]
 
 
-def test_validation_sets_real_runs_beside_the_simulation_on_the_profile_it_measured(trace):
+def timed_machine(pool: SyntheticPool):
+    """The machine's rounds timed on the pool's models' simulated clock: each round times
+    exactly the profile's costs (COSTS at the profiled sizes)."""
+    from specrouter.sim.machine import InterleavedProfile
+
+    return InterleavedProfile([pool.draft, pool.target],
+                              clock=lambda: pool.target.simulated_seconds + pool.draft.simulated_seconds)
+
+
+def test_validation_sets_real_runs_beside_the_simulation_on_the_machine_timed_between_them(trace):
+    from specrouter.router.profiler import PROFILE_NS
     from specrouter.sim.validate import validate
 
-    out = validate(trace, SyntheticPool(), lookup="suffix", repeats=2)
+    pool = SyntheticPool()
+    out = validate(trace, pool, lookup="suffix", repeats=2, machine=timed_machine(pool))
     assert set(out.groups) == set(out.fixed) == {"even", "odd", "all"}
     for checks in (out.groups, out.fixed):  # greedy: the same text
         assert [checks[g].same_text for g in ("even", "odd", "all")] == ["4/4", "4/4", "8/8"]
-    simulated = predict(trace, CostProfile.from_dict(out.profile), "suffix", price_prompt=True)
-    # Timed as the real runs are, from the first streamed text, every token priced.
+    # One round before the first request and one after each; the machine is their medians.
+    assert out.rounds == 1 + len(trace.requests)
+    machine = CostProfile.from_dict(out.machine)
+    for m in ("target", "draft"):
+        assert machine.tables[m] == pytest.approx({n: profile().seconds(m, n) for n in PROFILE_NS}, rel=1e-9)
+    upfront = CostProfile.from_dict(out.profile)  # what the router took (timed on the wall clock)
+    assert upfront.tables != machine.tables
+    before = predict(trace, upfront, "suffix", price_prompt=True)
+    # Each group's fixed chain is the up-front simulation's best of any depth there, timed as validated.
+    fixed = [c.label for c in candidate_chains(trace, "suffix")]
+    assert set(before.streamed) == {ALONE, AUTO, *fixed}
+    for g in ("even", "odd"):
+        assert out.chains[g] == max(fixed, key=lambda m: before.streamed[m][g])
+    by_label = {c.label: c for c in candidate_chains(trace, "suffix")}
+    chains = [by_label[label] for label in dict.fromkeys(out.chains.values())]
+    simulated = predict(trace, machine, "suffix", chains, price_prompt=True, belief=upfront)
+    # Timed as the real runs are, from the first streamed text, every token priced, on the
+    # machine; the router starting from the up-front profile.
     assert {g: c.simulated for g, c in out.groups.items()} == simulated.streamed[AUTO]
     assert {g: c.drafted_simulated for g, c in out.groups.items()} == simulated.drafted[AUTO]
-    # Each group's fixed chain is the simulation's best of any depth there, timed so.
-    fixed = [c.label for c in candidate_chains(trace, "suffix")]
-    assert set(simulated.streamed) == {ALONE, AUTO, *fixed}
+    assert {g: c.simulated_upfront for g, c in out.groups.items()} == before.streamed[AUTO]
     for g in ("even", "odd"):
-        best = max(fixed, key=lambda m: simulated.streamed[m][g])
-        assert out.chains[g] == best and out.fixed[g].simulated == simulated.streamed[best][g]
+        best = out.chains[g]
+        assert out.fixed[g].simulated == simulated.streamed[best][g]
+        assert out.fixed[g].simulated_upfront == before.streamed[best][g]
         assert out.fixed[g].drafted_simulated == simulated.drafted[best][g]
     if out.chains["even"] == out.chains["odd"]:  # one chain for every request: 'all' is its own
         assert out.fixed["all"].simulated == simulated.streamed[out.chains["even"]]["all"]
     checks = [*out.groups.values(), *out.fixed.values()]
     assert all(0 <= c.drafted_measured <= 1 for c in checks)
     assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for c in checks)
+    assert all(c.error_upfront == c.simulated_upfront / c.measured - 1 for c in checks)
+    # Per request, auto then the group's chain: the group's figures are their medians.
+    assert [(r.id, r.method) for r in out.requests] == [
+        (q.id, m) for q in trace.requests for m in (AUTO, out.chains[q.group])]
+    for g in ("even", "odd"):
+        rows = [r for r in out.requests if r.group == g and r.method == AUTO]
+        assert statistics.median(r.measured for r in rows) == pytest.approx(out.groups[g].measured, abs=1e-3)
+        assert statistics.median(r.simulated for r in rows) == pytest.approx(out.groups[g].simulated, abs=1e-3)
+        assert all(r.same_text == "2/2" for r in rows)
+        assert all(0 <= r.drafted_measured <= 1 and 0 <= r.drafted_simulated <= 1 for r in rows)
+    # A fixed chain drafts in every cycle, measured and simulated.
+    assert all(r.drafted_measured == r.drafted_simulated == 1 for r in out.requests if r.method != AUTO)
+    saved = out.as_dict()
+    assert saved["groups"]["all"]["error_upfront"] == round(out.groups["all"].error_upfront, 4)
+    assert (saved["machine"], saved["rounds"], saved["ok"]) == (out.machine, out.rounds, out.ok)
 
 
 def test_validation_prices_the_engines_own_work_as_the_replay_does(trace):
@@ -379,15 +452,16 @@ def test_validation_prices_the_engines_own_work_as_the_replay_does(trace):
     from specrouter.sim.validate import validate
 
     host = HostCosts(per_call=0.002, per_row=0.001, per_choice=0.003)
-    out = validate(trace, SyntheticPool(), lookup="suffix", host=host)
-    measured = CostProfile.from_dict(out.profile)
-    priced = predict(trace, measured, "suffix", price_prompt=True, host=host)
-    free = predict(trace, measured, "suffix", price_prompt=True)
+    pool = SyntheticPool()
+    out = validate(trace, pool, lookup="suffix", host=host, machine=timed_machine(pool))
+    machine, upfront = CostProfile.from_dict(out.machine), CostProfile.from_dict(out.profile)
+    priced = predict(trace, machine, "suffix", price_prompt=True, host=host, belief=upfront)
+    free = predict(trace, machine, "suffix", price_prompt=True, belief=upfront)
     assert {g: c.simulated for g, c in out.groups.items()} == priced.streamed[AUTO] != free.streamed[AUTO]
     for g in ("even", "odd"):
         assert out.fixed[g].simulated == priced.streamed[out.chains[g]][g]
     # 'all': every request by its group's chain, replayed with that host work.
-    replay = Replay(trace, measured, price_prompt=True, host=host)
+    replay = Replay(trace, machine, price_prompt=True, host=host)
     alone = replay.run(replay.chain(ChainChoice(("target",), ())))
     by_label = {c.label: c for c in candidate_chains(trace, "suffix")}
     ratios = [a.streamed_seconds / r.streamed_seconds for g in ("even", "odd")
