@@ -123,28 +123,34 @@ class Validation:
                 "requests": [asdict(r) for r in self.requests]}
 
 
-@dataclass
-class _Runs:
-    """One method's real runs: per group, the ratios per request, texts right, cycles."""
+@dataclass(frozen=True)
+class _Measured:
+    """One request of one method over its real runs."""
 
-    ratios: dict[str, list[float]] = field(default_factory=dict)
-    same: dict[str, list[bool]] = field(default_factory=dict)
-    cycles: dict[str, list[int]] = field(default_factory=dict)  # drafted, all
+    index: int  # in the trace
+    group: str
+    ratio: float  # the target alone's mean decode time over the method's
+    runs: int
+    same: int  # runs that wrote the recorded answer
+    drafted: int  # cycles whose chain drafted, over the runs
+    cycles: int
 
-    def add(self, request, r: GenerationResult) -> None:
-        self.same.setdefault(request.group, []).append(r.token_ids == request.answer)
-        counts = self.cycles.setdefault(request.group, [0, 0])
-        counts[0] += drafted_cycles(r)
-        counts[1] += r.cycles
+    @classmethod
+    def of(cls, index: int, request, alone: list[float], done: list[tuple[float, GenerationResult]]) -> _Measured:
+        return cls(index, request.group, statistics.mean(alone) / statistics.mean(t for t, _ in done), len(done),
+                   sum(r.token_ids == request.answer for _, r in done), sum(drafted_cycles(r) for _, r in done),
+                   sum(r.cycles for _, r in done))
 
-    def checks(self, speedup: dict[str, float], drafted: dict[str, float],
-               upfront: dict[str, float]) -> dict[str, GroupCheck]:
-        ratios = {**self.ratios, "all": [r for rs in self.ratios.values() for r in rs]}
-        same = {**self.same, "all": [s for ss in self.same.values() for s in ss]}
-        cycles = {**self.cycles, "all": [sum(c[0] for c in self.cycles.values()), sum(c[1] for c in self.cycles.values())]}
-        return {g: GroupCheck(round(statistics.median(rs), 3), speedup[g], f"{sum(same[g])}/{len(same[g])}",
-                              round(cycles[g][0] / max(1, cycles[g][1]), 3), drafted[g], upfront[g])
-                for g, rs in ratios.items()}
+
+def _checks(rows: list[_Measured], speedup: dict[str, float], drafted: dict[str, float],
+            upfront: dict[str, float]) -> dict[str, GroupCheck]:
+    """Per group and 'all': the median of the requests' ratios, their texts and drafting cycles
+    beside the simulated figures."""
+    groups = {g: [r for r in rows if r.group == g] for g in dict.fromkeys(r.group for r in rows)}
+    return {g: GroupCheck(round(statistics.median(r.ratio for r in rs), 3), speedup[g],
+                          f"{sum(r.same for r in rs)}/{sum(r.runs for r in rs)}",
+                          round(sum(r.drafted for r in rs) / max(1, sum(r.cycles for r in rs)), 3), drafted[g], upfront[g])
+            for g, rs in {**groups, "all": rows}.items()}
 
 
 def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1, max_error: float = MAX_ERROR,
@@ -169,42 +175,34 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
         router = auto_router(pool, trace.target, [*trace.drafts, trace.target], profile_dir=Path(fresh),
                              progress=False, lookup=lookup, profile_file=given)
         alone = Chain([target], [])
-        runs = {AUTO: _Runs(), FIXED: _Runs()}
-        #: Per request and method: (request, method's label, ratio, runs with the text, share of drafting cycles).
-        measured: list[tuple[int, str, float, int, float]] = []
+        measured: dict[str, list[_Measured]] = {AUTO: [], FIXED: []}
         machine.round()
         for i, request in enumerate(trace.requests):
             if progress is not None:
                 progress(f"{request.group} {request.id}")
             n = trace.max_tokens
             alone_runs = [decode_seconds(alone, request.prompt, n)[0]]
-            seconds: dict[str, list[float]] = {AUTO: [], FIXED: []}
-            wrote = {AUTO: 0, FIXED: 0}
-            cycles = {AUTO: [0, 0], FIXED: [0, 0]}  # drafted, all
+            done: dict[str, list[tuple[float, GenerationResult]]] = {AUTO: [], FIXED: []}
             for _ in range(repeats):
                 for method, generator in ((AUTO, router), (FIXED, fixed[request.group])):
-                    took, r = decode_seconds(generator, request.prompt, n)
-                    seconds[method].append(took)
-                    runs[method].add(request, r)
-                    wrote[method] += r.token_ids == request.answer
-                    cycles[method][0] += drafted_cycles(r)
-                    cycles[method][1] += r.cycles
+                    done[method].append(decode_seconds(generator, request.prompt, n))
                 alone_runs.append(decode_seconds(alone, request.prompt, n)[0])
-            for method, took in seconds.items():
-                ratio = statistics.mean(alone_runs) / statistics.mean(took)
-                runs[method].ratios.setdefault(request.group, []).append(ratio)
-                measured.append((i, AUTO if method == AUTO else chains[request.group].label, ratio, wrote[method],
-                                 cycles[method][0] / max(1, cycles[method][1])))
+            for method, runs in done.items():
+                measured[method].append(_Measured.of(i, request, alone_runs, runs))
             machine.round()
     timed = machine.profile()
     simulated = predict(trace, timed, lookup, list(dict.fromkeys(chains.values())), price_prompt=True, host=host,
                         belief=profile)
     replayed = simulated.runs
-    requests = [RequestCheck(trace.requests[i].group, trace.requests[i].id, label, round(ratio, 3),
-                             round(replayed[ALONE][i].streamed_seconds / replayed[label][i].streamed_seconds, 3),
-                             f"{same}/{repeats}", round(drafted, 3),
-                             round(replayed[label][i].drafted_cycles / max(1, replayed[label][i].cycles), 3))
-                for i, label, ratio, same, drafted in measured]
+
+    def request_check(m: _Measured, label: str) -> RequestCheck:
+        alone_run, run = replayed[ALONE][m.index], replayed[label][m.index]
+        return RequestCheck(m.group, trace.requests[m.index].id, label, round(m.ratio, 3),
+                            round(alone_run.streamed_seconds / run.streamed_seconds, 3), f"{m.same}/{m.runs}",
+                            round(m.drafted / max(1, m.cycles), 3), round(run.drafted_cycles / max(1, run.cycles), 3))
+
+    requests = [request_check(m, label) for a, f in zip(measured[AUTO], measured[FIXED], strict=True)
+                for m, label in ((a, AUTO), (f, chains[f.group].label))]
 
     def fixed_checks(prediction: Prediction) -> tuple[dict[str, float], dict[str, float]]:
         speedup = {g: prediction.streamed[c.label][g] for g, c in chains.items()}
@@ -213,9 +211,9 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
         return speedup, drafted
 
     fixed_speedup, fixed_drafted = fixed_checks(simulated)
-    return Validation(runs[AUTO].checks(simulated.streamed[AUTO], simulated.drafted[AUTO], upfront.streamed[AUTO]),
+    return Validation(_checks(measured[AUTO], simulated.streamed[AUTO], simulated.drafted[AUTO], upfront.streamed[AUTO]),
                       max_error, profile.as_dict(), timed.as_dict(), machine.rounds,
-                      runs[FIXED].checks(fixed_speedup, fixed_drafted, fixed_checks(upfront)[0]),
+                      _checks(measured[FIXED], fixed_speedup, fixed_drafted, fixed_checks(upfront)[0]),
                       {g: c.label for g, c in chains.items()}, requests)
 
 
