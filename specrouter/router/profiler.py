@@ -35,16 +35,19 @@ from specrouter.drafters import MODEL_FREE
 from specrouter.errors import BackendError, InvalidParameterError
 from specrouter.router.costs import LONG_CONTEXT, PROFILED_CONTEXT, CostProfile, OnlineCosts
 
-#: Timed sizes: dense where the cost curve bends (small n), sparse above.
-PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-#: Repeats per size: 3 keeps the default pool under a minute (the 1.5B takes ~4 s per sweep).
+#: Timed sizes: dense where the cost curve bends (small n), sparse above, where they are
+#: the verification forwards (k + 1 tokens) of the router's coarse draft lengths
+#: (scheduler.DRAFT_GRID, LOOKUP_GRID): those are timed, not interpolated.
+PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: Repeats per size: 3 keeps the default pool under a minute (a sweep of the q4 1.5B's sizes:
+#: ~2 s on a 2-core EPYC, 2026-12-05).
 PROFILE_REPEATS = 3
 #: Batched forwards: B sequences of n tokens each in one call (what serving runs). Few
 #: points: between and beyond them the cost is interpolated over B as over n.
 PROFILE_BATCHES = (2, 4, 8)
 PROFILE_BATCH_NS = (1, 2, 4, 8)
 #: Sizes timed again after LONG_CONTEXT cached tokens (the context table).
-CONTEXT_NS = (1, 4, 16, 32)
+CONTEXT_NS = (1, 4, 16, 32, 64)
 _FORMAT = 1
 _PREFIX_TEXT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n"
 
@@ -296,9 +299,11 @@ def _cache_file(directory: Path, backend: Backend, kind: str = "") -> Path:
     return directory / f"{safe}{kind}.json"
 
 
-def _read_cached(file: Path, key: dict, nested: bool = False) -> dict | None:
-    """The cached table when the file is valid and its key matches; None (with a warning) otherwise.
-    nested: a batch table, {B: {n: seconds}}."""
+def _read_cached(file: Path, key: dict, nested: bool = False, sizes: Sequence[int] = ()) -> dict | None:
+    """The cached table when the file is valid, its key matches and it holds every size of
+    `sizes` (one timed at other sizes is stale: the router would interpolate where it is
+    meant to read a timing); None (with a warning) otherwise. nested: a batch table,
+    {B: {n: seconds}}."""
     if not file.exists():
         return None
     try:
@@ -321,6 +326,10 @@ def _read_cached(file: Path, key: dict, nested: bool = False) -> dict | None:
     if data.get("key") != key:
         changed = sorted(k for k in key if data.get("key", {}).get(k) != key[k]) if isinstance(data.get("key"), dict) else ["key"]
         warnings.warn(f"profile cache {file} is stale ({', '.join(changed)} changed): re-profiling", stacklevel=4)
+        return None
+    if missing := sorted(set(sizes) - set(table)):
+        warnings.warn(f"profile cache {file} is stale (not timed at {', '.join(map(str, missing))} tokens): "
+                      "re-profiling", stacklevel=4)
         return None
     return table
 
@@ -420,13 +429,13 @@ def _load_or_profile(
                 profile.batch_tables[backend.name] = given.batch_tables[backend.name]
             continue
         key = profile_key(backend)
-        table = None if force else _read_cached(_cache_file(directory, backend), key)
+        table = None if force else _read_cached(_cache_file(directory, backend), key, sizes=ns)
         if table is None:
             todo.append((backend, key))
         else:
             profile.tables[backend.name] = table
         if holds_long_context(backend):
-            long = None if force else _read_cached(_cache_file(directory, backend, ".context"), key)
+            long = None if force else _read_cached(_cache_file(directory, backend, ".context"), key, sizes=CONTEXT_NS)
             if long is None:
                 todo_context.append((backend, key))
             else:

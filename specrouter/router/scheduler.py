@@ -99,9 +99,15 @@ EXPLORE_FRACTION = 0.03  # leaves room for auto >= 0.97x of the best static choi
 #: verifying n tokens costs about as much as one (an fp32 target on a CPU: flat from 3 to
 #: 16 tokens; any GPU); on llama.cpp q4 targets the search never goes past a few. The
 #: longest is also the cap of a draft that stops on its confidence (draft_stop).
-DRAFT_GRID = (*range(1, 9), 10, 12, 16, 24)
+#: Past 8 a draft of k is verified in one forward of k + 1 tokens (the bonus row), and the
+#: coarse lengths are chosen so that k + 1 is a multiple of 4 timed by the profiler
+#: (profiler.PROFILE_NS): kernels work in tiles of such sizes, and a forward of one token
+#: more than a tile costs up to a fifth more than the tile (docs/router-design.md, "Draft
+#: lengths on the kernels' tiles"); the router's cost of each length is then timed, not
+#: interpolated across such a step.
+DRAFT_GRID = (*range(1, 9), 11, 15, 23)
 #: Draft lengths of the model-free level, up to what its drafter says is worth asking.
-LOOKUP_GRID = (*DRAFT_GRID, 32, 48, 64)
+LOOKUP_GRID = (*DRAFT_GRID, 31, 47, 63)
 MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
 
 
@@ -152,6 +158,7 @@ class Router:
         budget: ProbeBudget | None = None,
         hints: LengthHints | None = None,
         pacing: ChoicePacing | None = None,
+        lookup_grid: Sequence[int] = LOOKUP_GRID,
     ) -> None:
         """use_ngram: route a model-free level too, the drafter `lookup` names (MODEL_FREE);
         confidence_stop: a model drafting for the
@@ -162,7 +169,9 @@ class Router:
         long recent answers ran (shared by sessions: the horizon of one-time costs); budget:
         the probes' account (shared by sessions; default a fresh one at explore_fraction); hints:
         the draft lengths sessions found last (shared: a request's first plans start there);
-        pacing: how often sessions deliberate and their recent decisions (shared; pacing.py)."""
+        pacing: how often sessions deliberate and their recent decisions (shared; pacing.py);
+        draft_grid, lookup_grid: the draft lengths searched for the models and for the
+        model-free level (the latter up to its drafter's `longest`)."""
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
@@ -181,7 +190,7 @@ class Router:
         self.costs = costs
         self.acceptance = acceptance or AcceptanceEstimator()
         self.grid = tuple(draft_grid)
-        self.lookup_grid = (tuple(k for k in LOOKUP_GRID if k <= self.lookup_drafter.longest)
+        self.lookup_grid = (tuple(k for k in lookup_grid if k <= self.lookup_drafter.longest)
                             if self.lookup_drafter else ())
         self.longest = max(self.grid + self.lookup_grid)
         self.hysteresis, self.explore_fraction = hysteresis, explore_fraction
@@ -226,7 +235,7 @@ class Router:
                       self.grid, self.hysteresis, self.explore_fraction, self.message,
                       self.draft_stop is not None, shared_stop=self.draft_stop,
                       lookup=self.lookup or NGRAM_NAME, memory=self.memory, scope=scope, lengths=self.lengths,
-                      budget=self.budget, hints=self.hints, pacing=self.pacing)
+                      budget=self.budget, hints=self.hints, pacing=self.pacing, lookup_grid=self.lookup_grid)
 
     @property
     def chains(self) -> list[tuple[str, ...]]:

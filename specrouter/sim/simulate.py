@@ -199,10 +199,11 @@ def drafted_cycles(r: GenerationResult) -> int:
 
 
 #: Draft lengths tried for fixed chains: per block of a model-free drafter, of a model draft,
-#: and per pair (level 0, level 1) of a three-level chain.
-LOOKUP_LENGTHS = (2, 4, 8, 16, 32)
-MODEL_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)
-PAIR_LENGTHS = tuple((a, b) for a in (1, 2, 4, 8) for b in (2, 4, 8, 16) if b >= a)
+#: and per pair (level 0, level 1) of a three-level chain. Past 6, a draft of k is verified
+#: in k + 1 tokens, a size the profiler times (as in the router's grid: scheduler.DRAFT_GRID).
+LOOKUP_LENGTHS = (2, 3, 7, 15, 31, 63)
+MODEL_LENGTHS = (1, 2, 3, 4, 6, 8, 11, 15)
+PAIR_LENGTHS = tuple((a, b) for a in (1, 2, 3, 7) for b in (3, 7, 15) if b >= a)
 
 
 def candidate_chains(trace: Trace, lookup: str = DEFAULT_LOOKUP) -> list[ChainChoice]:

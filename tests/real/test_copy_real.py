@@ -79,4 +79,5 @@ def test_auto_with_the_suffix_lookup_and_a_memory_matches_the_target_alone(pool,
     assert remembered, "the second pass never drafted from the memory"
     used = [(names, ks) for r in second for names, ks in r.chains_used]
     print("second pass, chains used:", used)
-    assert max((ks[0] for names, ks in used if names[0] == "suffix"), default=0) >= 16, used
+    # a long block: the lookup grid's 15 or more (verified in 16 tokens or more)
+    assert max((ks[0] for names, ks in used if names[0] == "suffix"), default=0) >= 15, used

@@ -104,3 +104,16 @@ def test_partitions_and_opted_out_requests_keep_their_text_to_themselves():
 def test_a_memory_needs_a_drafter_that_reads_it():
     with pytest.raises(InvalidParameterError, match="the ngram drafter has no cross-request memory: use the suffix drafter"):
         make_router(repeating_target(), [], lookup="ngram", memory=SuffixMemory(100))
+
+
+def test_every_long_draft_is_verified_at_a_timed_size():
+    """A target whose forwards cost by tiles of 16 tokens (a forward of 17 costs what one of
+    32 does, as llama.cpp's CPU kernels do in part): the router's cost of verifying each of
+    its coarse draft lengths (k + 1 tokens, the bonus row) is the timed cost, never one
+    interpolated across a tile's step, and the longest drafts fill whole tiles."""
+    tiles = lambda n: 0.05 + 0.064 * -(-n // 16)  # noqa: E731
+    target = SyntheticBackend("t", vocab=6, scale=4.0, latency=tiles, params_b=7)
+    router = make_router(target, [], lookup="suffix")
+    coarse = [k for k in (*router.grid, *router.lookup_grid) if k > 8]
+    assert coarse and all(router.costs.seconds("t", k + 1) == pytest.approx(tiles(k + 1)) for k in coarse)
+    assert [(k + 1) % 16 for k in router.lookup_grid[-3:]] == [0, 0, 0]

@@ -13,7 +13,8 @@ import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.router.costs import CostProfile, OnlineCosts
-from specrouter.router.profiler import (CpuSample, busy, implausible, load_or_profile, save_refined, unsteady)
+from specrouter.router.profiler import (PROFILE_NS, CpuSample, busy, implausible, load_or_profile, save_refined,
+                                        unsteady)
 
 from ..router_synth import linear
 
@@ -67,9 +68,10 @@ def test_a_profile_timed_on_a_busy_machine_is_used_but_not_cached(tmp_path):
 
 def test_repeats_that_disagree_are_not_cached(tmp_path):
     m = model(tmp_path)
-    calls = iter(range(10**6))
-    # every third forward takes 3x: a machine whose speed moves while it is profiled
-    m.latency = lambda n: (0.01 + 0.002 * n) * (3 if next(calls) % 3 == 0 else 1)
+    # A machine whose speed moves while it is profiled: 3x slower until the first sweep
+    # over the sizes is done (the prefix's forward, the warm-up's, one per size), then not.
+    slow = iter([3] * (2 + len(PROFILE_NS)))
+    m.latency = lambda n: (0.01 + 0.002 * n) * next(slow, 1)
     with pytest.warns(UserWarning, match="not cached: repeats of one size differ by 3.00x"):
         load_or_profile([m], tmp_path / "p", repeats=3, progress=False, clock=lambda: m.simulated_seconds, batches=())
     assert not (tmp_path / "p" / "m.json").exists()

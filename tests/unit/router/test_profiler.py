@@ -283,3 +283,26 @@ def test_the_context_table_times_the_forwards_again_after_a_long_context_and_is_
     alone = load_or_profile([short], folder, repeats=1, progress=False, clock=lambda: short.simulated_seconds,
                             batches=())
     assert alone.context_tables == {} and not (folder / "short.context.json").exists()
+
+
+def test_a_cache_timed_at_other_sizes_is_measured_again(tmp_path):
+    """A profile cached before the profiled sizes changed lacks some of them: the router would
+    interpolate where it reads a timing now, so it is measured again (context table too)."""
+    m = model(tmp_path)
+    m.n_ctx = LONG_CONTEXT + 2 * max(CONTEXT_NS)  # long enough for a context table
+    clock = lambda: m.simulated_seconds  # noqa: E731
+    load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock, batches=())
+    for name in ("m.json", "m.context.json"):
+        file = tmp_path / "profiles" / name
+        data = json.loads(file.read_text())
+        del data["table"]["64"]
+        file.write_text(json.dumps(data))
+    calls = m.decode_calls
+    with pytest.warns(UserWarning) as caught:
+        again = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock, batches=())
+    assert sorted(str(w.message).split("profiles/")[1] for w in caught) == [
+        "m.context.json is stale (not timed at 64 tokens): re-profiling",
+        "m.json is stale (not timed at 64 tokens): re-profiling"]
+    assert m.decode_calls > calls and set(again.tables["m"]) == set(PROFILE_NS)
+    assert set(again.context_tables["m"]) == set(CONTEXT_NS)
+    assert "64" in json.loads((tmp_path / "profiles" / "m.json").read_text())["table"]  # cached again
