@@ -102,7 +102,7 @@ EXPLORE_FRACTION = 0.03  # leaves room for auto >= 0.97x of the best static choi
 #: Past 8 a draft of k is verified in one forward of k + 1 tokens (the bonus row), and the
 #: coarse lengths are chosen so that k + 1 is a multiple of 4 timed by the profiler
 #: (profiler.PROFILE_NS): kernels work in tiles of such sizes, and a forward of one token
-#: more than a tile costs up to a fifth more than the tile (docs/router-design.md, "Draft
+#: more than a tile costs up to a quarter more than the tile (docs/router-design.md, "Draft
 #: lengths on the kernels' tiles"); the router's cost of each length is then timed, not
 #: interpolated across such a step.
 DRAFT_GRID = (*range(1, 9), 11, 15, 23)
