@@ -11,7 +11,7 @@ would do (roofline: a simulation, labelled so).
    turn, chat), or with --prompts copy the copy workloads (benchmarks/workloads.py: code
    editing, MT-Bench second turns after the target's own greedy first answer, documents;
    --per-dataset tasks each), the default q4 llama.cpp 1.5B target (or --target) with the q4 0.5B recorded beside it
-   (branches of 24 tokens: the router's longest model draft); the trace is written beside
+   (branches of 24 tokens: at least the router's longest model draft, 23); the trace is written beside
    the results (<stem>-trace.json).
 2. Validate (specrouter.sim.validate): per request the target alone, then --repeats times
    auto and the target alone again, for real; the simulation on the same measured profile.
