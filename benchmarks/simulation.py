@@ -189,6 +189,8 @@ def markdown(result: dict) -> str:
         lines += [f"## Validation on this machine ({v['repeats']} run(s) per request and method)", ""]
         if "timed" in v:
             lines += [f"Timed {v['timed']}.", ""]
+        if "overall" in v:
+            lines += [f"Per dataset the median per request; 'all': {v['overall']}.", ""]
         # Results from before the machine was timed between the runs simulated on the up-front profile only.
         upfront = "rounds" in v
         if upfront:

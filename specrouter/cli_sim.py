@@ -106,7 +106,7 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
     from specrouter.sim.roofline import device, roofline_profile
     from specrouter.sim.simulate import predict
     from specrouter.sim.trace import Trace, record
-    from specrouter.sim.validate import validate as run_validation
+    from specrouter.sim.validate import OVERALL, validate as run_validation
 
     modes = sum(x for x in (prompts_file is not None, profile_file is not None or roofline is not None, validate))
     if modes != 1 or (profile_file is not None and roofline is not None):
@@ -156,6 +156,7 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         click.echo(f"engine's own work: {host.label()}")
         click.echo(f"simulated on the machine timed in {result.rounds} rounds between the real runs; "
                    "'up front': on the profile timed before them")
+        click.echo(f"per group the median per request; 'all': {OVERALL}")
         click.echo(f"{'method':<6} {'group':<16} {'measured':>9} {'simulated':>9} {'error':>7} {'up front':>9} "
                    f"{'error':>7}  drafting cycles  same text")
         for method, checks in (("auto", result.groups), ("fixed", result.fixed)):

@@ -380,6 +380,12 @@ class SyntheticPool:
         return {"target": self.target, "draft": self.draft}[name]
 
 
+def pooled(alone, runs) -> float:
+    """The validation's 'all': the target alone's time over the method's, each summed over the
+    requests, from the first streamed text."""
+    return round(sum(a.streamed_seconds for a in alone) / sum(r.streamed_seconds for r in runs), 3)
+
+
 def timed_machine(pool: SyntheticPool):
     """The machine's rounds timed on the pool's models' simulated clock: each round times
     exactly the profile's costs (COSTS at the profiled sizes)."""
@@ -415,17 +421,22 @@ def test_validation_sets_real_runs_beside_the_simulation_on_the_machine_timed_be
     chains = [by_label[label] for label in dict.fromkeys(out.chains.values())]
     simulated = predict(trace, machine, "suffix", chains, price_prompt=True, belief=upfront)
     # Timed as the real runs are, from the first streamed text, every token priced, on the
-    # machine; the router starting from the up-front profile.
-    assert {g: c.simulated for g, c in out.groups.items()} == simulated.streamed[AUTO]
+    # machine; the router starting from the up-front profile. Per group the median per
+    # request; 'all' pooled: the target alone's time over the method's, summed over requests.
+    groups = ("even", "odd")
+    assert {g: out.groups[g].simulated for g in groups} == {g: simulated.streamed[AUTO][g] for g in groups}
     assert {g: c.drafted_simulated for g, c in out.groups.items()} == simulated.drafted[AUTO]
-    assert {g: c.simulated_upfront for g, c in out.groups.items()} == before.streamed[AUTO]
-    for g in ("even", "odd"):
+    assert {g: out.groups[g].simulated_upfront for g in groups} == {g: before.streamed[AUTO][g] for g in groups}
+    for which, prediction in ((lambda c: c.simulated, simulated), (lambda c: c.simulated_upfront, before)):
+        assert which(out.groups["all"]) == pooled(prediction.runs[ALONE], prediction.runs[AUTO])
+        by_group = [(a, r) for g in groups for a, r in zip(prediction.runs[ALONE], prediction.runs[out.chains[g]],
+                                                           strict=True) if a.group == g]
+        assert which(out.fixed["all"]) == pooled(*zip(*by_group))
+    for g in groups:
         best = out.chains[g]
         assert out.fixed[g].simulated == simulated.streamed[best][g]
         assert out.fixed[g].simulated_upfront == before.streamed[best][g]
         assert out.fixed[g].drafted_simulated == simulated.drafted[best][g]
-    if out.chains["even"] == out.chains["odd"]:  # one chain for every request: 'all' is its own
-        assert out.fixed["all"].simulated == simulated.streamed[out.chains["even"]]["all"]
     checks = [*out.groups.values(), *out.fixed.values()]
     assert all(0 <= c.drafted_measured <= 1 for c in checks)
     assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for c in checks)
@@ -433,6 +444,10 @@ def test_validation_sets_real_runs_beside_the_simulation_on_the_machine_timed_be
     # Per request, auto then the group's chain: the group's figures are their medians.
     assert [(r.id, r.method) for r in out.requests] == [
         (q.id, m) for q in trace.requests for m in (AUTO, out.chains[q.group])]
+    for method, checks in ((AUTO, out.groups), (None, out.fixed)):
+        rows = [r for r in out.requests if (r.method == AUTO) == (method == AUTO)]
+        assert all(r.measured == round(r.alone_seconds / r.seconds, 3) for r in rows)
+        assert checks["all"].measured == round(sum(r.alone_seconds for r in rows) / sum(r.seconds for r in rows), 3)
     for g in ("even", "odd"):
         rows = [r for r in out.requests if r.group == g and r.method == AUTO]
         assert statistics.median(r.measured for r in rows) == pytest.approx(out.groups[g].measured, abs=1e-3)
@@ -457,16 +472,18 @@ def test_validation_prices_the_engines_own_work_as_the_replay_does(trace):
     machine, upfront = CostProfile.from_dict(out.machine), CostProfile.from_dict(out.profile)
     priced = predict(trace, machine, "suffix", price_prompt=True, host=host, belief=upfront)
     free = predict(trace, machine, "suffix", price_prompt=True, belief=upfront)
-    assert {g: c.simulated for g, c in out.groups.items()} == priced.streamed[AUTO] != free.streamed[AUTO]
+    assert {g: out.groups[g].simulated for g in ("even", "odd")} == {g: priced.streamed[AUTO][g] for g in ("even", "odd")}
+    assert priced.streamed[AUTO] != free.streamed[AUTO]
+    assert out.groups["all"].simulated == pooled(priced.runs[ALONE], priced.runs[AUTO])
     for g in ("even", "odd"):
         assert out.fixed[g].simulated == priced.streamed[out.chains[g]][g]
-    # 'all': every request by its group's chain, replayed with that host work.
+    # 'all': every request by its group's chain, replayed with that host work, pooled.
     replay = Replay(trace, machine, price_prompt=True, host=host)
     alone = replay.run(replay.chain(ChainChoice(("target",), ())))
     by_label = {c.label: c for c in candidate_chains(trace, "suffix")}
-    ratios = [a.streamed_seconds / r.streamed_seconds for g in ("even", "odd")
-              for a, r in zip(alone, replay.run(replay.chain(by_label[out.chains[g]])), strict=True) if a.group == g]
-    assert out.fixed["all"].simulated == round(statistics.median(ratios), 3)
+    by_group = [(a, r) for g in ("even", "odd")
+                for a, r in zip(alone, replay.run(replay.chain(by_label[out.chains[g]])), strict=True) if a.group == g]
+    assert out.fixed["all"].simulated == pooled(*zip(*by_group))
 
 
 @pytest.mark.parametrize(("names", "ks"), [(("target",), ()), (("draft", "target"), (3,)),
