@@ -51,7 +51,7 @@ from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.roofline import device, roofline_profile
 from specrouter.sim.simulate import ALONE, AUTO, predict
 from specrouter.sim.trace import Trace, record
-from specrouter.sim.validate import TIMED, validate
+from specrouter.sim.validate import OVERALL, TIMED, validate
 
 BRANCH_TOKENS = 24
 ROOFLINES = (("h100", 5.0), ("h200", 5.0), ("h200", 0.5))
@@ -118,6 +118,7 @@ def run(per_dataset: int, max_tokens: int, repeats: int, trace_file: Path | None
         "gpu_profiles": measured_on,
         "step_models": phases_name,
         "host": host.label(),
+        "overall": OVERALL,
         "validation": None if checked is None else {"repeats": repeats, "timed": TIMED, **checked.as_dict()},
         "predictions": predictions,
         "batches": batched,
@@ -178,7 +179,8 @@ def markdown(result: dict) -> str:
              f"{t['target']}, drafts {', '.join(t['drafts'])}, branches of {t['branch_tokens']} tokens; recorded: "
              f"{t['note']}. Greedy, batch 1, prefill not priced. The engine's own work per call (docs/host-work.md): "
              f"{result.get('host', 'not priced')}. Speed-up: median per request of the target alone's "
-             "(simulated or measured decode) time over the method's.", ""]
+             "(simulated or measured decode) time over the method's"
+             + (f"; 'all': {result['overall']}." if "overall" in result else "."), ""]
     for label, ran in result.get("gpu_profiles", {}).items():
         lines += [f"Measured GPU profile `{ran['file']}`: {ran.get('gpu', '?')} ({ran.get('cuda', '?')} CUDA), host "
                   f"{ran.get('host_cpu', '?')}, torch {ran.get('torch', '?')}, transformers {ran.get('transformers', '?')}, "
@@ -189,8 +191,6 @@ def markdown(result: dict) -> str:
         lines += [f"## Validation on this machine ({v['repeats']} run(s) per request and method)", ""]
         if "timed" in v:
             lines += [f"Timed {v['timed']}.", ""]
-        if "overall" in v:
-            lines += [f"Per dataset the median per request; 'all': {v['overall']}.", ""]
         # Results from before the machine was timed between the runs simulated on the up-front profile only.
         upfront = "rounds" in v
         if upfront:

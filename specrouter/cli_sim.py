@@ -187,7 +187,8 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         return
     out = predict(trace, profile, lookup, progress=lambda what: click.echo(f"replaying {what}", err=True), host=host)
     groups = [*trace.groups, "all"]
-    click.echo(f"Simulated speed-up over the target alone (median per request), {label}; engine's own work: "
+    click.echo(f"Simulated speed-up over the target alone (per group the median per request; 'all': {OVERALL}), "
+               f"{label}; engine's own work: "
                f"{host.label()}")
     click.echo(f"{'method':<44} " + " ".join(f"{g:>10}" for g in groups))
     rows = {"target alone": "target alone", "auto": "auto"}

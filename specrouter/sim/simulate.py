@@ -221,8 +221,9 @@ def candidate_chains(trace: Trace, lookup: str = DEFAULT_LOOKUP) -> list[ChainCh
 
 @dataclass(frozen=True)
 class Prediction:
-    """Per method, per group ('all' pools them): the median over requests of the target
-    alone's simulated time over the method's, and the method's share of drafting cycles."""
+    """Per method, per group: the median over requests of the target alone's simulated time
+    over the method's; over every request ('all'), the target alone's time over the method's,
+    each summed (pooled: sim/validate.py says why); and the method's share of drafting cycles."""
 
     speedup: dict[str, dict[str, float]]
     drafted: dict[str, dict[str, float]]
@@ -235,10 +236,11 @@ class Prediction:
 
 def speedups(alone: Sequence[Run], runs: Sequence[Run], groups: Sequence[str],
              seconds: Callable[[Run], float] = lambda r: r.seconds) -> dict[str, float]:
-    """Per group and 'all': the median per request of alone's seconds over the method's."""
+    """Per group the median per request of alone's seconds over the method's; 'all': alone's
+    seconds over the method's, each summed over every request (pooled)."""
     ratios = {(a.group, a.id): seconds(a) / seconds(r) for a, r in zip(alone, runs, strict=True)}
     out = {g: statistics.median(v for (group, _), v in ratios.items() if group == g) for g in groups}
-    out["all"] = statistics.median(ratios.values())
+    out["all"] = sum(seconds(a) for a in alone) / sum(seconds(r) for r in runs)
     return {g: round(v, 3) for g, v in out.items()}
 
 

@@ -101,8 +101,8 @@ class RequestCheck:
     same_text: str  # real runs of the method on it that wrote the recorded answer, of all
     drafted_measured: float  # share of its cycles whose chain drafted, over the real runs
     drafted_simulated: float
-    alone_seconds: float = 0.0  # measured: the target alone's mean decode time (the ratio's numerator)
-    seconds: float = 0.0  # measured: the method's mean decode time
+    alone_seconds: float  # measured: the target alone's mean decode time (the ratio's numerator)
+    seconds: float  # measured: the method's mean decode time
 
 
 @dataclass(frozen=True)
@@ -220,18 +220,13 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
     requests = [request_check(m, label) for a, f in zip(measured[AUTO], measured[FIXED], strict=True)
                 for m, label in ((a, AUTO), (f, chains[f.group].label))]
 
-    def auto_checks(prediction: Prediction) -> tuple[dict[str, float], dict[str, float]]:
-        speedup = {g: prediction.streamed[AUTO][g] for g in trace.groups}
-        speedup["all"] = _pooled(prediction, {g: AUTO for g in trace.groups})[0]
-        return speedup, prediction.drafted[AUTO]
-
     def fixed_checks(prediction: Prediction) -> tuple[dict[str, float], dict[str, float]]:
         speedup = {g: prediction.streamed[c.label][g] for g, c in chains.items()}
         drafted = {g: prediction.drafted[c.label][g] for g, c in chains.items()}
         speedup["all"], drafted["all"] = _pooled(prediction, {g: c.label for g, c in chains.items()})
         return speedup, drafted
 
-    return Validation(_checks(measured[AUTO], *auto_checks(simulated), auto_checks(upfront)[0]),
+    return Validation(_checks(measured[AUTO], simulated.streamed[AUTO], simulated.drafted[AUTO], upfront.streamed[AUTO]),
                       max_error, profile.as_dict(), timed.as_dict(), machine.rounds,
                       _checks(measured[FIXED], *fixed_checks(simulated), fixed_checks(upfront)[0]),
                       {g: c.label for g, c in chains.items()}, requests)
@@ -245,10 +240,10 @@ def best_fixed(simulated: Prediction, group: str) -> str:
 
 
 def _pooled(simulated: Prediction, methods: dict[str, str]) -> tuple[float, float]:
-    """Over every request, each run by its group's method (`methods`: group -> the label of
-    its fixed chain, or auto; as 'all' is measured), from the simulation's own runs: the
-    target alone's time over the methods', each summed over the requests (from the first
-    streamed text: pooled, as the module docstring says why), and the share of drafting cycles."""
+    """Over every request, each run by its group's fixed chain (`methods`: group -> its label;
+    as 'all' is measured), from the simulation's own runs: the target alone's time over the
+    chains', each summed over the requests (from the first streamed text: pooled, as the
+    module docstring says why), and the share of drafting cycles."""
     alone, spent, drafted, cycles = 0.0, 0.0, 0, 0
     for group, label in methods.items():
         for a, r in zip(simulated.runs[ALONE], simulated.runs[label], strict=True):
