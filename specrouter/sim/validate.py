@@ -53,7 +53,7 @@ from specrouter.router.profiler import load_or_profile
 from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.machine import InterleavedProfile
 from specrouter.sim.simulate import (ALONE, AUTO, Prediction, candidate_chains, decode_seconds,
-                                     drafted_cycles, predict)
+                                     drafted_cycles, predict, speedups)
 from specrouter.sim.trace import Trace
 
 MAX_ERROR = 0.10
@@ -244,10 +244,7 @@ def _pooled(simulated: Prediction, methods: dict[str, str]) -> tuple[float, floa
     as 'all' is measured), from the simulation's own runs: the target alone's time over the
     chains', each summed over the requests (from the first streamed text: pooled, as the
     module docstring says why), and the share of drafting cycles."""
-    alone, spent, drafted, cycles = 0.0, 0.0, 0, 0
-    for group, label in methods.items():
-        for a, r in zip(simulated.runs[ALONE], simulated.runs[label], strict=True):
-            if r.group == group:
-                alone, spent = alone + a.streamed_seconds, spent + r.streamed_seconds
-                drafted, cycles = drafted + r.drafted_cycles, cycles + r.cycles
-    return round(alone / spent, 3), round(drafted / max(1, cycles), 3)
+    alone, runs = zip(*[(a, r) for group, label in methods.items()
+                        for a, r in zip(simulated.runs[ALONE], simulated.runs[label], strict=True) if r.group == group])
+    return (speedups(alone, runs, (), lambda r: r.streamed_seconds)["all"],
+            round(sum(r.drafted_cycles for r in runs) / max(1, sum(r.cycles for r in runs)), 3))
