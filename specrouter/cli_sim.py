@@ -156,7 +156,7 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         click.echo(f"engine's own work: {host.label()}")
         click.echo(f"simulated on the machine timed in {result.rounds} rounds between the real runs; "
                    "'up front': on the profile timed before them")
-        click.echo(f"per group the median per request; 'all': {OVERALL}")
+        click.echo(f"per group the median per request; 'all' (not checked): {OVERALL}")
         click.echo(f"{'method':<6} {'group':<16} {'measured':>9} {'simulated':>9} {'error':>7} {'up front':>9} "
                    f"{'error':>7}  drafting cycles  same text")
         for method, checks in (("auto", result.groups), ("fixed", result.fixed)):

@@ -439,13 +439,14 @@ def test_validation_sets_real_runs_beside_the_simulation_on_the_machine_timed_be
         assert out.fixed[g].drafted_simulated == simulated.drafted[best][g]
     checks = [*out.groups.values(), *out.fixed.values()]
     assert all(0 <= c.drafted_measured <= 1 for c in checks)
-    assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for c in checks)
+    assert out.ok == all(abs(c.simulated / c.measured - 1) <= 0.10 for checks in (out.groups, out.fixed)
+                         for g, c in checks.items() if g != "all")
     assert all(c.error_upfront == c.simulated_upfront / c.measured - 1 for c in checks)
     # Per request, auto then the group's chain: the group's figures are their medians.
     assert [(r.id, r.method) for r in out.requests] == [
         (q.id, m) for q in trace.requests for m in (AUTO, out.chains[q.group])]
-    for method, checks in ((AUTO, out.groups), (None, out.fixed)):
-        rows = [r for r in out.requests if (r.method == AUTO) == (method == AUTO)]
+    for checks, rows in ((out.groups, [r for r in out.requests if r.method == AUTO]),
+                         (out.fixed, [r for r in out.requests if r.method != AUTO])):
         assert all(r.measured == round(r.alone_seconds / r.seconds, 3) for r in rows)
         assert checks["all"].measured == round(sum(r.alone_seconds for r in rows) / sum(r.seconds for r in rows), 3)
     for g in ("even", "odd"):
@@ -459,6 +460,24 @@ def test_validation_sets_real_runs_beside_the_simulation_on_the_machine_timed_be
     saved = out.as_dict()
     assert saved["groups"]["all"]["error_upfront"] == round(out.groups["all"].error_upfront, 4)
     assert (saved["machine"], saved["rounds"], saved["ok"]) == (out.machine, out.rounds, out.ok)
+
+
+def test_a_validation_passes_on_its_groups_whatever_all_says():
+    """`ok`: every group within max_error, auto's and the fixed chain's; the overall figure is
+    shown, not checked (sim/validate.py: why)."""
+    from specrouter.sim.validate import GroupCheck, Validation
+
+    def check(error: float) -> GroupCheck:
+        return GroupCheck(2.0, 2.0 * (1 + error), "1/1", 0.5, 0.5, 2.0)
+
+    def validation(auto: dict[str, float], fixed: dict[str, float]) -> Validation:
+        return Validation({g: check(e) for g, e in auto.items()}, 0.10, {}, {}, 1,
+                          {g: check(e) for g, e in fixed.items()})
+
+    within = {"even": 0.09, "odd": -0.09}
+    assert validation({**within, "all": 0.5}, {**within, "all": -0.4}).ok
+    assert not validation({**within, "odd": 0.11, "all": 0.0}, {**within, "all": 0.0}).ok
+    assert not validation({**within, "all": 0.0}, {**within, "even": -0.11, "all": 0.0}).ok
 
 
 def test_validation_prices_the_engines_own_work_as_the_replay_does(trace):
