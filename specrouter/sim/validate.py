@@ -31,7 +31,7 @@ measures the simulation's error. A median over requests of groups as far apart a
 documents (near 1x) and code editing (2-3x) lands between the two clusters and moves by a
 fifth with a request or two; a pooled ratio is dominated by the slowest requests, and for
 the fixed chains (each group's own: no one chain) those are a long-draft chain over a real
-text that left the recorded one, 7x the target alone's time where the replay, on the
+text that left the recorded one, 8.8x the target alone's time where the replay, on the
 recorded text, was 1.3x (docs/simulation.md).
 
 What a real run has that the simulation does not (simulate.py's list) shows up here as
@@ -228,16 +228,18 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
     requests = [request_check(m, label) for a, f in zip(measured[AUTO], measured[FIXED], strict=True)
                 for m, label in ((a, AUTO), (f, chains[f.group].label))]
 
+    labels = {g: c.label for g, c in chains.items()}
+
     def fixed_checks(prediction: Prediction) -> tuple[dict[str, float], dict[str, float]]:
-        speedup = {g: prediction.streamed[c.label][g] for g, c in chains.items()}
-        drafted = {g: prediction.drafted[c.label][g] for g, c in chains.items()}
-        speedup["all"], drafted["all"] = _pooled(prediction, {g: c.label for g, c in chains.items()})
+        speedup = {g: prediction.streamed[label][g] for g, label in labels.items()}
+        drafted = {g: prediction.drafted[label][g] for g, label in labels.items()}
+        speedup["all"], drafted["all"] = _pooled(prediction, labels)
         return speedup, drafted
 
     return Validation(_checks(measured[AUTO], simulated.streamed[AUTO], simulated.drafted[AUTO], upfront.streamed[AUTO]),
                       max_error, profile.as_dict(), timed.as_dict(), machine.rounds,
                       _checks(measured[FIXED], *fixed_checks(simulated), fixed_checks(upfront)[0]),
-                      {g: c.label for g, c in chains.items()}, requests)
+                      labels, requests)
 
 
 def best_fixed(simulated: Prediction, group: str) -> str:
@@ -247,12 +249,12 @@ def best_fixed(simulated: Prediction, group: str) -> str:
     return max(fixed, key=lambda m: simulated.streamed[m][group])
 
 
-def _pooled(simulated: Prediction, methods: dict[str, str]) -> tuple[float, float]:
-    """Over every request, each run by its group's fixed chain (`methods`: group -> its label;
+def _pooled(simulated: Prediction, labels: dict[str, str]) -> tuple[float, float]:
+    """Over every request, each run by its group's fixed chain (`labels`: group -> its label;
     as 'all' is measured), from the simulation's own runs: the target alone's time over the
     chains', each summed over the requests (from the first streamed text: pooled, as the
     module docstring says why), and the share of drafting cycles."""
-    alone, runs = zip(*[(a, r) for group, label in methods.items()
+    alone, runs = zip(*[(a, r) for group, label in labels.items()
                         for a, r in zip(simulated.runs[ALONE], simulated.runs[label], strict=True) if r.group == group])
     return (speedups(alone, runs, (), lambda r: r.streamed_seconds)["all"],
             round(sum(r.drafted_cycles for r in runs) / max(1, sum(r.cycles for r in runs)), 3))
