@@ -180,14 +180,21 @@ class OnlineCosts:
     ROW_ALPHA = 0.1
     #: A profile off by more than this factor from its first MIN_OBSERVED timed forwards
     #: disagrees with this machine (measured while other work ran, or on another one): it is
-    #: then replaced at once by a table fitted to them (refit). Later moves are the level's
-    #: to follow (a model that slows down mid-run, for as long as it does).
+    #: then replaced at once by a table fitted to them (refit), and fitted again whenever a
+    #: size it was not fitted to is timed (refined_table: it bounds the sizes not timed).
+    #: Other moves are the level's to follow (a model that slows down mid-run, for as long as
+    #: it does).
     DISAGREE = 2.0
     MIN_OBSERVED = 8
     #: Off by more than EARLY_DISAGREE at the median of its first EARLY_OBSERVED forwards, a
     #: profile is refitted then already (a busy machine's profile, 25x too slow, made the first
     #: requests of a run draft 24 tokens with the 0.5B for 8 forwards); the median ignores one
-    #: slow first forward (weights still being paged in).
+    #: slow first forward (weights still being paged in). One forward more than EARLY_DISAGREE
+    #: faster than profiled refits at once, whenever it comes: nothing makes a forward faster
+    #: than this machine runs it, so the profile was timed while other work ran (the first
+    #: forward, a request's prefill, already says so; waiting for two more let a busy
+    #: profile's router catch up the 0.5B on the prompt and draft 23 tokens twice, ~1.4 s
+    #: of a 2.4 s request on the fast EPYC).
     EARLY_DISAGREE = 4.0
     EARLY_OBSERVED = 3
     SAMPLES = 64
@@ -201,6 +208,9 @@ class OnlineCosts:
         #: Models whose profile was replaced by a refit in this process, with the factor the
         #: profile was off by (timed / profiled): what a RouterStore saves for the next one.
         self.refitted: dict[str, float] = {}
+        #: Per refitted model, the sizes its table was last fitted to (a new one refits it;
+        #: none where the table is the profile scaled).
+        self._fitted: dict[str, set[int]] = {}
         self.overhead_per_forward = overhead_per_forward  # Python work around each forward (feeding, bookkeeping)
         #: Python work per logits row (warp, sample, verify), per kind of sampling (row_kind):
         #: ~0.02 ms greedy, ~0.5 ms at a temperature, ~1 ms with top-p, on a 150k vocabulary.
@@ -247,19 +257,29 @@ class OnlineCosts:
             self._level[name] *= mean
             level = self._level[name]
             seen = len(self._samples[name])  # its first single-sequence forwards
-            if seen == self.EARLY_OBSERVED and name not in self.refitted:
+            if name in self.refitted:
+                # A table that bounds the sizes not timed takes up each new one (refined_table).
+                if name in self._fitted and max(n, 1) not in self._fitted[name]:
+                    self._refit(name, self.refitted[name])
+            elif r < 1 / self.EARLY_DISAGREE:  # faster than it can be: the profile was timed busy
+                self._refit(name, r)
+            elif seen == self.EARLY_OBSERVED:
                 early = float(np.median([t / self.profile.seconds(name, k) for k, t in self._samples[name]]))
                 if not 1 / self.EARLY_DISAGREE <= early <= self.EARLY_DISAGREE:
                     self._refit(name, early)
-            elif seen == self.MIN_OBSERVED and name not in self.refitted \
-                    and not 1 / self.DISAGREE <= level <= self.DISAGREE:
+            elif seen == self.MIN_OBSERVED and not 1 / self.DISAGREE <= level <= self.DISAGREE:
                 self._refit(name, level)
 
     def _refit(self, name: str, level: float) -> None:
         """Replace the model's profile by refined_table: its level and shapes start over, and
         its batched and context tables (timed as wrongly) are dropped (a call then costs its
         tokens together, whatever its context)."""
-        self.profile.tables[name] = self.refined_table(name)
+        sizes = {n for n, _ in self._samples.get(name, ())}
+        self.profile.tables[name] = self.refined_table(name, keep_shape=level > 1)
+        if level > 1 and len(sizes) == 1:  # the profile's curve, scaled: the level and shapes follow
+            self._fitted.pop(name, None)
+        else:
+            self._fitted[name] = sizes
         self.profile.batch_tables.pop(name, None)
         self.profile.context_tables.pop(name, None)
         self._level.pop(name, None)
@@ -267,19 +287,45 @@ class OnlineCosts:
             del self._shape[key]
         self.refitted[name] = level
 
-    def refined_table(self, name: str) -> dict[int, float]:
-        """The model's profiled sizes at what its latest timed forwards say: a line a + b n
-        fitted to them by least squares where they cover two sizes or more (a forward's cost
-        on a CPU is close to linear in n; a profile that disagrees has the wrong shape too,
-        so its curve is not kept), else the profile scaled by their median ratio to it."""
+    def refined_table(self, name: str, keep_shape: bool = False) -> dict[int, float]:
+        """The model's profiled sizes at what its latest timed forwards say, the profile's curve
+        dropped (one that disagrees has the wrong shape too: a busy machine's is nearly flat):
+        per size timed, the median, fitted non-decreasing in n; between sizes timed, linear;
+        beyond them, bounds that err on the side of running the target alone. With one size
+        timed and `keep_shape` (the profile was too fast: timed on a quiet machine that is
+        busy now, its curve the machine's own), the profile scaled by their median ratio.
+
+        A forward reads its weights once for all its tokens, so its cost per token t(n) / n
+        does not grow with n, and its curve is about concave (affine at worst). Below the
+        smallest size timed, m, that gives t(n) >= t(m) n / m, the bound used: the line
+        through the larger sizes extended down overstates a single forward (a busy profile's
+        refit from a prefill of 118 tokens and verifications of 20-24 priced the q4 1.5B's
+        one-token forward at ~90 ms, where it takes 28, so drafting with the 0.5B looked
+        worth it and ran auto at ~0.6x the target alone, and the target's single forwards,
+        which would have shown it, never ran). Priced at the bound, a single forward is
+        cheap: the target runs alone, its single forwards are timed, and the table is
+        refitted with them (observe: every new size timed refits such a table). Above the
+        largest, the line through the two largest sizes extended (an upper bound of a concave
+        curve: long drafts priced dear), or t(m) n / m with one size timed."""
         samples = self._samples.get(name, ())
         ns = sorted(self.profile.tables[name])
-        if len({n for n, _ in samples}) >= 2:
-            b, a = np.polyfit([n for n, _ in samples], [s for _, s in samples], 1)
-            if b >= 0 and a + b > 0:
-                return {n: a + b * n for n in ns}
-        ratios = [s / self.profile.seconds(name, n) for n, s in samples] or [self._level.get(name, 1.0)]
-        return {n: self.profile.seconds(name, n) * float(np.median(ratios)) for n in ns}
+        if not samples:
+            return {n: self.profile.seconds(name, n) * self._level.get(name, 1.0) for n in ns}
+        timed: dict[int, list[float]] = {}
+        for n, seconds in samples:
+            timed.setdefault(n, []).append(seconds)
+        if keep_shape and len(timed) == 1:
+            ratio = float(np.median([seconds / self.profile.seconds(name, n) for n, seconds in samples]))
+            return {n: self.profile.seconds(name, n) * ratio for n in ns}
+        curve = nondecreasing({n: float(np.median(t)) for n, t in timed.items()})
+        smallest = min(curve)
+
+        def at(n: int) -> float:
+            if n <= smallest or len(curve) == 1:
+                return curve[smallest] * n / smallest
+            return interpolate(curve, n)
+
+        return {n: at(n) for n in ns}
 
     def snapshot(self) -> dict:
         """The numbers predictions depend on; the router re-plans when they move enough."""

@@ -93,9 +93,9 @@ def test_a_cached_curve_that_is_not_physical_is_measured_again(tmp_path):
 
 def test_a_profile_the_timed_forwards_contradict_is_refitted_at_once_and_saved(tmp_path):
     """The cached profile held 2.1 s for 1 token and 3.0 s for 32 (measured while other work
-    ran); the forwards take 71 ms + 12 ms a token. Off by more than EARLY_DISAGREE, at the
-    EARLY_OBSERVED-th forward a line fitted to the timed forwards replaces the profile; the
-    store saves it, and the next process reads it without measuring."""
+    ran); the forwards take 71 ms + 12 ms a token. Its first forward, ~30x faster than
+    profiled, replaces the profile at once by the forwards timed, and each new size timed
+    refits it; the store saves it, and the next process reads it without measuring."""
     m = model(tmp_path, latency=linear(0.059, 0.012))
     clock = lambda: m.simulated_seconds  # noqa: E731
     load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=())
@@ -105,11 +105,14 @@ def test_a_profile_the_timed_forwards_contradict_is_refitted_at_once_and_saved(t
     file.write_text(json.dumps(data))
     costs = OnlineCosts(load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=()))
     assert "m" in costs.profile.context_tables
-    for n in (1, 1, 4):
-        assert costs.refitted == {}  # not before the EARLY_OBSERVED-th forward
-        costs.observe("m", n, m.latency(n))
+    costs.observe("m", 1, m.latency(1))
     assert 0 < costs.refitted["m"] < 1 / OnlineCosts.EARLY_DISAGREE  # the profile was ~30x too slow
     assert "m" not in costs.profile.context_tables  # timed against the table that was wrong
+    # One size timed: t(n) = t(1) n, the most a curve whose cost per token never grows allows
+    assert costs.seconds("m", 1) == pytest.approx(0.071) and costs.seconds("m", 4) == pytest.approx(0.284)
+    for n in (1, 4):
+        costs.observe("m", n, m.latency(n))  # 4 is a new size: refitted again
+    assert costs.refitted["m"] == pytest.approx(0.071 / 2.1)  # the factor it was off by, as first found
     assert costs.seconds("m", 1) == pytest.approx(0.071) and costs.seconds("m", 32) == pytest.approx(0.443)
     assert save_refined(costs, [m], tmp_path / "p") == costs.refitted
     calls = m.decode_calls
@@ -117,6 +120,31 @@ def test_a_profile_the_timed_forwards_contradict_is_refitted_at_once_and_saved(t
         warnings.simplefilter("error")  # the saved table is valid, and read silently
         fixed = load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=())
     assert m.decode_calls == calls and fixed.seconds("m", 8) == pytest.approx(0.155)
+
+
+def test_a_refit_prices_the_sizes_not_timed_toward_running_the_target_alone():
+    """A busy profile (2.1 s at 1 token) of a forward whose curve is concave (the q4 1.5B on
+    a fast EPYC, ms: 26 at 1 token, 70 at 4, 137 at 16, 165 at 20, 206 at 24, 710 for a prefill
+    of 118).
+    Timed only at large sizes, the refit prices a size below them at t(m) n / m (no more
+    than it costs: a line through the large sizes extended down put one token at ~90 ms,
+    and drafting with a model looked worth it); between sizes timed, linearly; above, on
+    the line through the two largest (no less than a concave curve costs). A new size
+    timed is taken up at once."""
+    curve = {1: 0.026, 4: 0.070, 16: 0.137, 20: 0.165, 24: 0.206, 118: 0.710}
+    busy = {n: 2.1 + 0.9 * (n - 1) / 31 for n in (1, 2, 4, 8, 16, 24, 32, 48, 64)}
+    costs = OnlineCosts(CostProfile({"m": busy}))
+    costs.observe("m", 118, curve[118])  # the prompt's prefill, ~8x faster than profiled
+    assert costs.refitted["m"] == pytest.approx(curve[118] / (2.1 + 0.9 * 117 / 31))
+    assert costs.seconds("m", 1) == pytest.approx(curve[118] / 118) and curve[118] / 118 < curve[1]
+    costs.observe("m", 24, curve[24])
+    costs.observe("m", 20, curve[20])
+    assert costs.seconds("m", 1) == pytest.approx(curve[20] / 20) and curve[20] / 20 < curve[1]
+    assert costs.seconds("m", 16) == pytest.approx(curve[20] * 16 / 20) and curve[20] * 16 / 20 < curve[16]
+    assert costs.seconds("m", 64) == pytest.approx(curve[24] + (curve[118] - curve[24]) * 40 / 94)
+    costs.observe("m", 1, curve[1])  # the target alone ran: its single forward is timed
+    assert costs.seconds("m", 1) == pytest.approx(curve[1])
+    assert costs.seconds("m", 4) == pytest.approx(curve[1] + (curve[20] - curve[1]) * 3 / 19)
 
 
 def test_a_refit_replaces_the_routers_copy_never_the_profile_it_was_given(tmp_path):
