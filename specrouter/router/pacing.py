@@ -3,7 +3,7 @@
 A routed sequence's choice (Router.choose: measure every pair, re-plan, rank, guard) is host
 work of d seconds before every cycle. A batch's sequences choose one after another, so a step
 of B sequences spends B d choosing before its forwards. On a CPU, where a step takes
-s = 50-1,000 ms and d ~ 0.5-1 ms, that is noise; on a GPU (s ~ 1-5 ms) it is most of the step
+s = 25-1,000 ms and d ~ 0.5-1 ms, that is 0.1-3%; on a GPU (s ~ 1-5 ms) it is most of the step
 (docs/host-work.md: 32 sequences spend ~20-35 ms choosing against a ~1-2 ms H200 forward).
 
 ChoicePacing keeps the choices within FRACTION of generation time per kind of cycle. A
@@ -26,8 +26,9 @@ would have been planned for the room, a little less well). Anything else deliber
 request's first cycle, the cycle after a probe (whose observations the next choice must
 read), a kind not decided recently.
 
-With every = 1 (any CPU: B d / (FRACTION s) < 1) every choice deliberates, as without pacing,
-so a CPU's routing is what it was. Reused decisions are exact like any other (any chain keeps
+With every = 1 (a CPU whose forward is slow against the choice: B d / (FRACTION s) <= 1) every
+choice deliberates, as without pacing; a fast CPU (d ~ 0.7 ms, s ~ 25 ms) deliberates about
+every other choice of a kind. Reused decisions are exact like any other (any chain keeps
 the output's distribution); what they give up is the request's newest evidence for at most
 `every` choices, and their counts (deliberated, reused) say how often.
 """
@@ -40,8 +41,11 @@ from dataclasses import dataclass
 from specrouter.router.costs import ema
 from specrouter.router.plan import Scored
 
-#: Share of generation time the router's choices may take.
-FRACTION = 0.05
+#: Share of generation time the router's choices may take: the floor asked of `auto` where
+#: nothing pays is 0.98x the target alone (was 0.05: a fast CPU's 28 ms forward then left
+#: every ~0.7 ms choice deliberating, ~2.5% of the time, and auto that never drafted ran at
+#: 0.971x the target alone).
+FRACTION = 0.02
 #: Weight of a new timing in the averages of d and s.
 ALPHA = 0.1
 

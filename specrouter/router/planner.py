@@ -117,16 +117,23 @@ class Planner:
         return {**self._best, **by_class[0]}, {**self._optimistic, **by_class[1]}
 
     # Re-planning -----------------------------------------------------------------------------
-    def refresh(self, room: int, batch: int, row_kind: str, cycle: int, now: bool = False) -> None:
-        """Before a cycle: re-plan if the inputs moved enough (`now`: whatever they did, after a
-        probe, whose observations are what the next choice needs)."""
-        inputs = self._measure(room, batch, row_kind)
+    def refresh(self, room: int, batch: int, row_kind: str, cycle: int, now: bool = False,
+                cls: str | None = None) -> None:
+        """Before a cycle whose lookup found a match of class `cls` (None: none): re-plan if the
+        inputs moved enough (`now`: whatever they did, after a probe, whose observations are
+        what the next choice needs). Only the pairs this cycle can use are measured to see
+        whether they moved: the models' and its class's (a class's plans serve only the cycles
+        of that class, so another class's move is taken up when a cycle of it comes; measuring
+        every class's pairs before every cycle was a quarter of the choice); a re-plan measures
+        them all."""
+        inputs = self._measure(room, batch, row_kind, () if cls is None else (cls,))
         base, classes = self._move(self._inputs, inputs)
         if not now and not self._due(base, cycle - self._planned_at):
-            for cls, move in classes.items():
-                if move >= 1 and cycle - self._class_planned_at.get(cls, self._planned_at) >= PLAN_EVERY:
-                    self._replan_class(cls, inputs, cycle)
+            for moved, move in classes.items():
+                if move >= 1 and cycle - self._class_planned_at.get(moved, self._planned_at) >= PLAN_EVERY:
+                    self._replan_class(moved, inputs, cycle)
             return
+        inputs = self._measure(room, batch, row_kind)
         self._planned_at = cycle
         self._class_planned_at = {}
         self._inputs = inputs
@@ -138,16 +145,29 @@ class Planner:
         # batch).
         rescore = set() if full or math.isinf(base) else set(self.ngram_keys)
         cost = functools.lru_cache(maxsize=None)(functools.partial(self._batch_cost, batch=batch))
-        self.plan = Plan(inputs, cost, self.grid, room if room <= self.longest else None, full, rescore, self.lookup,
-                         self.lookup_grid)
+        self.plan = Plan(inputs, cost, self.grid, inputs.room if inputs.room <= self.longest else None, full, rescore,
+                         self.lookup, self.lookup_grid)
         self._previous_by_class = {**self._previous_by_class, **self._by_class}
         self._by_class = {}
         self._best, self._optimistic = self._plans([c for c in self.chains if self.lookup not in c], None,
                                                    (self._best, self._optimistic))
 
-    def _measure(self, room: int, batch: int, row_kind: str) -> PlanInputs:
+    def window(self, room: int) -> int:
+        """The room as a plan sees it: a plan drafts only the grids' lengths shorter than the
+        room (Plan.best_lengths), so every room between two such lengths plans alike; this
+        is the least of them (the longest length left + 1; the room itself from 2 down, where
+        no draft is left). A plan's room moves only where it cuts another length off the
+        grid: once per grid length near a request's end, not once per token."""
+        if room <= 2:
+            return room
+        return max(k for k in (*self.grid, *self.lookup_grid) if k < room) + 1
+
+    def _measure(self, room: int, batch: int, row_kind: str, classes: Sequence[str] | None = None) -> PlanInputs:
+        """The inputs of a plan, of the pairs of the models and of the lookup's match `classes`
+        (None: every class)."""
         # Chains run in size order, so a proposer is always smaller than its verifier.
-        pairs = [*itertools.combinations(self.models, 2), *((k, m) for k in self.ngram_keys for m in self.models)]
+        keys = self.ngram_keys if classes is None else classes
+        pairs = [*itertools.combinations(self.models, 2), *((k, m) for k in keys for m in self.models)]
         acc = self.acceptance
         table = acc.table(pairs, self.estimate_names(), CAUTION_Z)
         rates = table.rate
@@ -159,24 +179,32 @@ class Planner:
                 stale.add((j, i))
             optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
         return PlanInputs(rates, optimistic, table.cautious, table.bold, stale, {(j, i): acc.fill(j, i) for j, i in pairs},
-                          self.costs.snapshot(), self.costs.row_seconds(row_kind), min(room, self.longest + 1), batch)
+                          self.costs.snapshot(), self.costs.row_seconds(row_kind), self.window(room), batch)
 
     def _move(self, old: PlanInputs | None, new: PlanInputs) -> tuple[float, dict[str, float]]:
         """How far the inputs moved since they were planned with, in tolerances (>= 1: enough
         to matter; timings jitter every cycle): for the chains without the n-gram level, and
         per match class for the n-gram's own pairs (which move only that class's plans).
         Infinite when the problem itself changed."""
-        if old is None or old.batch != new.batch or old.costs.keys() != new.costs.keys():
+        # A cost key that went away is a table replaced (OnlineCosts._refit); one that came is
+        # a size timed for the first time, whose correction was 1 until then.
+        if old is None or old.batch != new.batch or not old.costs.keys() <= new.costs.keys():
             return math.inf, {}
-        if old.room != new.room:  # the last tokens of a request: every cycle, at once
+        if old.room != new.room:  # the room cut another length off the grid (window): at once
             return BIG_MOVE, {}
         # Model costs count relative to the target's: a level that moves for all (the machine's
         # speed, which jitters by several % from forward to forward) changes no choice, while
-        # it re-planned every few cycles. Shapes (model@n) are relative already.
+        # it re-planned every few cycles. Shapes (model@n) are relative already: they are
+        # compared as they are (divided by the target's level too, they re-planned a session
+        # that ran the target alone every ~4 cycles on its level's jitter).
         t = self.target
-        base = [abs(new.costs[k] / new.costs.get(t, 1.0) - v / old.costs.get(t, 1.0))
-                / (COST_TOLERANCE * max(abs(v / old.costs.get(t, 1.0)), 1e-9))
-                for k, v in old.costs.items() if k not in ("overhead", self.lookup, t)]
+
+        def relative(costs: Mapping[str, float], key: str) -> float:
+            value = costs.get(key, 1.0)
+            return value / costs.get(t, 1.0) if key in self.models else value
+
+        base = [abs(relative(new.costs, k) - relative(old.costs, k)) / (COST_TOLERANCE * max(abs(relative(old.costs, k)), 1e-9))
+                for k in new.costs if k not in ("overhead", self.lookup, t)]
         if self.lookup in old.costs:  # a lookup of ~20 us: its level jitters by tens of %, harmlessly
             seconds = self.costs.profile.lookup_seconds[self.lookup]
             base.append(abs(new.costs[self.lookup] - old.costs[self.lookup]) * seconds / 2e-4)
@@ -191,9 +219,9 @@ class Planner:
                 base.append(move)
 
         for (old_table, tolerance), (new_table, _) in zip(old.tolerance_tables(), new.tolerance_tables()):
-            for pair, value in old_table.items():
-                note(pair, abs(new_table[pair] - value) / tolerance)
-        for pair in old.stale ^ new.stale:
+            for pair, value in new_table.items():  # the pairs measured (refresh)
+                note(pair, abs(value - old_table[pair]) / tolerance)
+        for pair in {pair for pair in old.stale if pair in new.rates} ^ new.stale:
             note(pair, BIG_MOVE)  # a pair became worth probing, or stopped being
         return max(base), classes
 

@@ -63,7 +63,7 @@ A probe drafts its planned length: it is there to measure the pair.
 
 Pacing (pacing.py): where the choice itself costs more than FRACTION of the cycles it steers
 (a GPU's, in batches), a session reuses a recent decision of the router's sessions for the
-same kind of cycle instead of deliberating; on a CPU every choice deliberates.
+same kind of cycle instead of deliberating; on a slow CPU every choice deliberates.
 
 Any chain choice made before a cycle keeps the output exact
 (each cycle emits tokens distributed as the target's, whatever chain produced them).
@@ -332,7 +332,8 @@ class Router:
         if reused is not None:
             self.current = reused.spec
             return self._armed(reused, position, cached)
-        self.planner.refresh(room, self.batch_size, self._row_kind, self._cycle, now=self._probe is not None)
+        self.planner.refresh(room, self.batch_size, self._row_kind, self._cycle, now=self._probe is not None,
+                             cls=self._ngram_key)
         best_plans, optimistic = self.planner.plans(self._ngram_key)
         ranked = sorted((self._score(s, position, room, cached) for s in best_plans.values()), key=lambda s: s.score)
         alone = next(s for s in ranked if len(s.spec.names) == 1)
