@@ -190,8 +190,9 @@ class OnlineCosts:
     #: profile is refitted then already (a busy machine's profile, 25x too slow, made the first
     #: requests of a run draft 24 tokens with the 0.5B for 8 forwards); the median ignores one
     #: slow first forward (weights still being paged in). One forward more than EARLY_DISAGREE
-    #: faster than profiled refits at once, whenever it comes: nothing makes a forward faster
-    #: than this machine runs it, so the profile was timed while other work ran (the first
+    #: faster than profiled (_least: past the sizes profiled, than the largest) refits at once,
+    #: whenever it comes: nothing makes a forward faster than this machine runs it, so the
+    #: profile was timed while other work ran (the first
     #: forward, a request's prefill, already says so; waiting for two more let a busy
     #: profile's router catch up the 0.5B on the prompt and draft 23 tokens twice, ~1.4 s
     #: of a 2.4 s request on the fast EPYC).
@@ -261,14 +262,20 @@ class OnlineCosts:
                 # A table that bounds the sizes not timed takes up each new one (refined_table).
                 if name in self._fitted and max(n, 1) not in self._fitted[name]:
                     self._refit(name, self.refitted[name])
-            elif r < 1 / self.EARLY_DISAGREE:  # faster than it can be: the profile was timed busy
-                self._refit(name, r)
+            elif (fast := seconds / self._least(name, n)) < 1 / self.EARLY_DISAGREE:
+                self._refit(name, fast)  # faster than it can be: the profile was timed busy
             elif seen == self.EARLY_OBSERVED:
                 early = float(np.median([t / self.profile.seconds(name, k) for k, t in self._samples[name]]))
                 if not 1 / self.EARLY_DISAGREE <= early <= self.EARLY_DISAGREE:
                     self._refit(name, early)
             elif seen == self.MIN_OBSERVED and not 1 / self.DISAGREE <= level <= self.DISAGREE:
                 self._refit(name, level)
+
+    def _least(self, name: str, n: int) -> float:
+        """The least a forward of n tokens can cost by the profile: its time at n within the
+        sizes profiled; beyond them, at the largest (a forward of more tokens never costs
+        less, while the profile's line extended past its sizes may overstate a long prefill)."""
+        return self.profile.seconds(name, min(max(n, 1), max(self.profile.tables[name])))
 
     def _refit(self, name: str, level: float) -> None:
         """Replace the model's profile by refined_table: its level and shapes start over, and

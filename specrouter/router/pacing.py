@@ -27,8 +27,8 @@ request's first cycle, the cycle after a probe (whose observations the next choi
 read), a kind not decided recently.
 
 With every = 1 (a CPU whose forward is slow against the choice: B d / (FRACTION s) <= 1) every
-choice deliberates, as without pacing; a fast CPU (d ~ 0.7 ms, s ~ 25 ms) deliberates about
-every other choice of a kind. Reused decisions are exact like any other (any chain keeps
+choice deliberates, as without pacing; on a fast CPU (d ~ 0.7 ms, s ~ 25 ms: every = 2) a
+choice reuses the decision of the one before when both are of one kind. Reused decisions are exact like any other (any chain keeps
 the output's distribution); what they give up is the request's newest evidence for at most
 `every` choices, and their counts (deliberated, reused) say how often.
 """

@@ -135,7 +135,7 @@ def test_a_refit_prices_the_sizes_not_timed_toward_running_the_target_alone():
     busy = {n: 2.1 + 0.9 * (n - 1) / 31 for n in (1, 2, 4, 8, 16, 24, 32, 48, 64)}
     costs = OnlineCosts(CostProfile({"m": busy}))
     costs.observe("m", 118, curve[118])  # the prompt's prefill, ~8x faster than profiled
-    assert costs.refitted["m"] == pytest.approx(curve[118] / (2.1 + 0.9 * 117 / 31))
+    assert costs.refitted["m"] == pytest.approx(curve[118] / busy[64])  # past the sizes profiled: the largest
     assert costs.seconds("m", 1) == pytest.approx(curve[118] / 118) and curve[118] / 118 < curve[1]
     costs.observe("m", 24, curve[24])
     costs.observe("m", 20, curve[20])
@@ -145,6 +145,20 @@ def test_a_refit_prices_the_sizes_not_timed_toward_running_the_target_alone():
     costs.observe("m", 1, curve[1])  # the target alone ran: its single forward is timed
     assert costs.seconds("m", 1) == pytest.approx(curve[1])
     assert costs.seconds("m", 4) == pytest.approx(curve[1] + (curve[20] - curve[1]) * 3 / 19)
+
+
+def test_a_long_prefill_is_fast_against_the_profiles_line_extended_not_against_the_profile():
+    """A sound profile whose last two sizes are a tile apart (a forward of 64 tokens twice one
+    of 48): extended past 64, its line prices a prefill of 1,000 tokens at ~30 s, which the
+    machine runs in 4. That is no sign of a busy profile (a forward of more tokens never
+    costs less than the largest size profiled, and this one costs 4x that): nothing is refitted."""
+    table = {1: 0.02, 16: 0.1, 48: 0.5, 64: 1.0}
+    costs = OnlineCosts(CostProfile({"m": table}))
+    assert costs.seconds("m", 1000) > 7 * 4.0
+    costs.observe("m", 1000, 4.0)
+    assert costs.refitted == {} and costs.profile.tables["m"] == table
+    costs.observe("m", 1000, 0.2)  # but under a fifth of the largest size's time: timed busy
+    assert costs.refitted["m"] == pytest.approx(0.2)
 
 
 def test_a_refit_replaces_the_routers_copy_never_the_profile_it_was_given(tmp_path):
