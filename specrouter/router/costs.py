@@ -192,10 +192,9 @@ class OnlineCosts:
     #: slow first forward (weights still being paged in). One forward more than EARLY_DISAGREE
     #: faster than profiled (_least: past the sizes profiled, than the largest) refits at once,
     #: whenever it comes: nothing makes a forward faster than this machine runs it, so the
-    #: profile was timed while other work ran (the first
-    #: forward, a request's prefill, already says so; waiting for two more let a busy
-    #: profile's router catch up the 0.5B on the prompt and draft 23 tokens twice, ~1.4 s
-    #: of a 2.4 s request on the fast EPYC).
+    #: profile was timed while other work ran (the first forward, a request's prefill, already
+    #: says so; waiting for two more let a busy profile's router catch up the 0.5B on the
+    #: prompt and draft 23 tokens twice, ~1.4 s of a 2.4 s request on the fast EPYC).
     EARLY_DISAGREE = 4.0
     EARLY_OBSERVED = 3
     SAMPLES = 64
