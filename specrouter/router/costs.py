@@ -281,8 +281,11 @@ class OnlineCosts:
         its batched and context tables (timed as wrongly) are dropped (a call then costs its
         tokens together, whatever its context)."""
         sizes = {n for n, _ in self._samples.get(name, ())}
-        self.profile.tables[name] = self.refined_table(name, keep_shape=level > 1)
-        if level > 1 and len(sizes) == 1:  # the profile's curve, scaled: the level and shapes follow
+        # A profile too fast (timed on a quiet machine that is busy now: its curve the
+        # machine's own) with one size timed keeps its curve, scaled; the level and shapes follow.
+        scaled = level > 1 and len(sizes) == 1
+        self.profile.tables[name] = self.refined_table(name, scaled)
+        if scaled:
             self._fitted.pop(name, None)
         else:
             self._fitted[name] = sizes
@@ -293,13 +296,12 @@ class OnlineCosts:
             del self._shape[key]
         self.refitted[name] = level
 
-    def refined_table(self, name: str, keep_shape: bool = False) -> dict[int, float]:
+    def refined_table(self, name: str, scaled: bool = False) -> dict[int, float]:
         """The model's profiled sizes at what its latest timed forwards say, the profile's curve
         dropped (one that disagrees has the wrong shape too: a busy machine's is nearly flat):
         per size timed, the median, fitted non-decreasing in n; between sizes timed, linear;
-        beyond them, bounds that err on the side of running the target alone. With one size
-        timed and `keep_shape` (the profile was too fast: timed on a quiet machine that is
-        busy now, its curve the machine's own), the profile scaled by their median ratio.
+        beyond them, bounds that err on the side of running the target alone. `scaled`: the
+        profile scaled by their median ratio to it instead (_refit says when).
 
         A forward reads its weights once for all its tokens, so its cost per token t(n) / n
         does not grow with n, and its curve is about concave (affine at worst). Below the
@@ -320,7 +322,7 @@ class OnlineCosts:
         timed: dict[int, list[float]] = {}
         for n, seconds in samples:
             timed.setdefault(n, []).append(seconds)
-        if keep_shape and len(timed) == 1:
+        if scaled:
             ratio = float(np.median([seconds / self.profile.seconds(name, n) for n, seconds in samples]))
             return {n: self.profile.seconds(name, n) * ratio for n in ns}
         curve = nondecreasing({n: float(np.median(t)) for n, t in timed.items()})

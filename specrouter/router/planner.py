@@ -126,14 +126,16 @@ class Planner:
         of that class, so another class's move is taken up when a cycle of it comes; measuring
         every class's pairs before every cycle was a quarter of the choice); a re-plan measures
         them all."""
-        inputs = self._measure(room, batch, row_kind, () if cls is None else (cls,))
+        partial = not now and self._inputs is not None  # else a re-plan comes whatever moved
+        inputs = self._measure(room, batch, row_kind, (() if cls is None else (cls,)) if partial else None)
         base, classes = self._move(self._inputs, inputs)
         if not now and not self._due(base, cycle - self._planned_at):
             for moved, move in classes.items():
                 if move >= 1 and cycle - self._class_planned_at.get(moved, self._planned_at) >= PLAN_EVERY:
                     self._replan_class(moved, inputs, cycle)
             return
-        inputs = self._measure(room, batch, row_kind)
+        if partial:
+            inputs = self._measure(room, batch, row_kind)
         self._planned_at = cycle
         self._class_planned_at = {}
         self._inputs = inputs
