@@ -208,6 +208,9 @@ class OnlineCosts:
         #: Models whose profile was replaced by a refit in this process, with the factor the
         #: profile was off by (timed / profiled): what a RouterStore saves for the next one.
         self.refitted: dict[str, float] = {}
+        #: Tables replaced so far (every refit, the first and each new size taken up): a plan
+        #: made before the latest is priced by a table that no longer exists (Planner._move).
+        self.refits = 0
         #: Per refitted model, the sizes its table was last fitted to (a new one refits it;
         #: none where the table is the profile scaled).
         self._fitted: dict[str, set[int]] = {}
@@ -295,6 +298,7 @@ class OnlineCosts:
         for key in [k for k in self._shape if k[0] == name]:
             del self._shape[key]
         self.refitted[name] = level
+        self.refits += 1
 
     def refined_table(self, name: str, scaled: bool = False) -> dict[int, float]:
         """The model's profiled sizes at what its latest timed forwards say, the profile's curve

@@ -70,6 +70,7 @@ class PlanInputs:
     stale: set[Pair]  # pairs left after a bad stretch, worth probing at their global rate
     fills: dict[Pair, float]  # share of the asked proposals a proposer gave (the n-gram finds fewer)
     costs: dict[str, float]  # the cost model's snapshot (OnlineCosts.snapshot)
+    refits: int  # tables the cost model replaced so far (OnlineCosts.refits)
     row: float  # seconds of Python work per logits row
     room: int  # tokens the request may still emit, capped at the longest draft + 1
     batch: int  # sequences advancing together

@@ -181,16 +181,20 @@ class Planner:
                 stale.add((j, i))
             optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
         return PlanInputs(rates, optimistic, table.cautious, table.bold, stale, {(j, i): acc.fill(j, i) for j, i in pairs},
-                          self.costs.snapshot(), self.costs.row_seconds(row_kind), self.window(room), batch)
+                          self.costs.snapshot(), self.costs.refits, self.costs.row_seconds(row_kind), self.window(room),
+                          batch)
 
     def _move(self, old: PlanInputs | None, new: PlanInputs) -> tuple[float, dict[str, float]]:
         """How far the inputs moved since they were planned with, in tolerances (>= 1: enough
         to matter; timings jitter every cycle): for the chains without the n-gram level, and
         per match class for the n-gram's own pairs (which move only that class's plans).
         Infinite when the problem itself changed."""
-        # A cost key that went away is a table replaced (OnlineCosts._refit); one that came is
-        # a size timed for the first time, whose correction was 1 until then.
-        if old is None or old.batch != new.batch or not old.costs.keys() <= new.costs.keys():
+        # A table replaced (OnlineCosts._refit) prices everything anew: its level and shapes
+        # start over, so the snapshot alone may not show it (a busy profile refitted before
+        # the target's level was ever set left the first plans, at ~2 s a token, standing, and
+        # a 0.5B draft of 23 tokens was probed against them). A cost key that came is a size
+        # timed for the first time, whose correction was 1 until then.
+        if old is None or old.batch != new.batch or old.refits != new.refits:
             return math.inf, {}
         if old.room != new.room:  # the room cut another length off the grid (window): at once
             return BIG_MOVE, {}

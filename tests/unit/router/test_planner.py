@@ -74,3 +74,26 @@ def test_a_match_class_that_moved_is_taken_up_when_a_cycle_of_it_comes():
     assert planner.plan.inputs.rates[(b, "target")] == before
     planner.refresh(room=500, cycle=1 + 2 * PLAN_EVERY, cls=b, **GREEDY)
     assert planner.plan.inputs.rates[(b, "target")] == pytest.approx(moved)
+
+
+def test_a_refit_re_plans_even_where_the_snapshot_looks_the_same():
+    """A busy profile (the target at ~2 s a token) is planned with before anything is timed;
+    the prompt's prefill, many times faster, refits the target's table. Its level and
+    shapes start over, so the cost snapshot is what it was (none for the target either
+    way), yet every prediction changed: the next refresh re-plans at once, and the target
+    alone is priced by the new table (the old plans, left standing, had a 0.5B draft of 23
+    tokens probed against a target priced at 2.1 s a token)."""
+    target, mid, _ = family()
+    router = make_router(target, [mid])
+    costs, planner = router.costs, router.planner
+    costs.profile.tables["target"] = {n: 2.1 + 0.9 * (n - 1) / 31 for n in costs.profile.tables["target"]}
+    planner.refresh(room=500, cycle=1, **GREEDY)
+    alone = planner.plans(None)[0][("target",)].prediction.seconds_per_token
+    assert alone == pytest.approx(2.1, rel=0.01)
+    first, snapshot = planner.replans, costs.snapshot()
+    costs.observe("target", 100, target.latency(100))
+    assert costs.refitted and costs.snapshot().keys() == snapshot.keys()
+    planner.refresh(room=500, cycle=2, **GREEDY)
+    assert planner.replans == first + 1
+    alone = planner.plans(None)[0][("target",)].prediction.seconds_per_token
+    assert alone == pytest.approx(costs.seconds("target", 1), rel=0.01) and alone < 0.01
