@@ -11,14 +11,20 @@ session deliberates at most once every
 
     every = ceil(B d / (FRACTION s))                                                   (1)
 
-choices of the router (d: a deliberation's seconds, s: a cycle's, both exponential averages
+choices of a kind (d: a deliberation's seconds, s: a cycle's, both exponential averages
 of what the engine timed; B: the batch), and in between it may reuse the decision a session
-of the same router made within the last `every` choices for the same kind of cycle (Kind:
+of the same router made within the last `every` choices of the same kind of cycle (Kind:
 the request's row kind, which sets the acceptance tables and the row cost, the batch size
 rounded up to a power of two, which prices every forward (decisions at 17 and at 32
 sequences differ little, and a batch that fills or drains passes through every size), and
 the model-free lookup's match class, which decides whether a model-free draft can run and
-how well it does). The reusing session checks what is its own:
+how well it does). Counted per kind, the deliberations are a 1 / every share of all
+choices, whatever the mix of kinds: counted over all choices, as they were, kinds that
+alternate (a lookup's match classes change from cycle to cycle) found no decision of theirs
+recent, and a fast CPU's sessions (every = 2) reused ~10% of their choices where (1)
+allows half. A decision older than STALE times every choices of the router is not reused
+(a kind that comes rarely would otherwise keep a choice made long ago, on older evidence).
+The reusing session checks what is its own:
 the chain still runs (no model of it excluded) and no model of it must first catch up on
 tokens it missed (a catch-up is the choice's to weigh; router/planner.py prices it). Where
 the room is shorter than the decision's draft the chain cuts the draft to the room (as it
@@ -27,10 +33,11 @@ request's first cycle, the cycle after a probe (whose observations the next choi
 read), a kind not decided recently.
 
 With every = 1 (a CPU whose forward is slow against the choice: B d / (FRACTION s) <= 1) every
-choice deliberates, as without pacing; on a fast CPU (d ~ 0.7 ms, s ~ 25 ms: every = 2) a
-choice reuses the decision of the one before when both are of one kind. Reused decisions are exact like any other (any chain keeps
-the output's distribution); what they give up is the request's newest evidence for at most
-`every` choices, and their counts (deliberated, reused) say how often.
+choice deliberates, as without pacing; on a fast CPU (d ~ 0.6 ms, s ~ 25 ms: every = 2)
+every other choice of a kind reuses that kind's last decision. Reused decisions are exact
+like any other (any chain keeps the output's distribution); what they give up is the
+request's newest evidence for at most `every` choices of their kind (STALE * every in all),
+and their counts (deliberated, reused) say how often.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ from specrouter.router.plan import Scored
 #: every ~0.7 ms choice deliberating, ~2.5% of the time, and auto that never drafted ran at
 #: 0.971x the target alone).
 FRACTION = 0.02
+#: A decision older than STALE * every choices of the router (of all kinds) is made again.
+STALE = 4
 #: Weight of a new timing in the averages of d and s.
 ALPHA = 0.1
 
@@ -67,6 +76,7 @@ class Kind:
 class _Made:
     scored: Scored
     at: int  # the router's choice count when it was made
+    kind_at: int  # its kind's choice count when it was made
     made: int  # deliberations for its kind so far, this one included
 
 
@@ -80,6 +90,7 @@ class ChoicePacing:
         self.cycle: float | None = None  # s of (1), seconds
         self.choices = self.deliberated = self.reused = 0
         self._made: dict[Kind, _Made] = {}
+        self._kind_choices: dict[Kind, int] = {}
 
     def every(self, batch: int) -> int:
         """(1); 1 until both timings are known."""
@@ -89,19 +100,22 @@ class ChoicePacing:
 
     def recent(self, kind: Kind) -> Scored | None:
         """A decision for `kind` recent enough to reuse (None: deliberate): made within the
-        last every(batch) choices, and within the last 2^m where it is the kind's m-th (a
-        kind's first decisions rest on little evidence: they are renewed after 2, 4, 8, ...
-        choices, so a kind deliberates about log2(every) times more in all). Counts the choice."""
+        last every(batch) choices of its kind, and within the last 2^m where it is the kind's
+        m-th (a kind's first decisions rest on little evidence: they are renewed after 2, 4,
+        8, ... of its choices, so a kind deliberates about log2(every) times more in all),
+        and within the router's last STALE * every(batch) choices. Counts the choice."""
         self.choices += 1
+        own = self._kind_choices[kind] = self._kind_choices.get(kind, 0) + 1
         made = self._made.get(kind)
-        if made is None or self.choices - made.at >= min(self.every(kind.batch), 2**made.made):
+        every = self.every(kind.batch)
+        if made is None or own - made.kind_at >= min(every, 2**made.made) or self.choices - made.at >= STALE * every:
             return None
         return made.scored
 
     def made(self, kind: Kind, scored: Scored) -> None:
         """A deliberation chose `scored` for `kind`."""
         before = self._made.get(kind)
-        self._made[kind] = _Made(scored, self.choices, before.made + 1 if before else 1)
+        self._made[kind] = _Made(scored, self.choices, self._kind_choices.get(kind, 0), before.made + 1 if before else 1)
 
     def timed(self, seconds: float, deliberated: bool) -> None:
         """The engine timed a choice: a deliberation's time feeds d, a reuse's is not d."""

@@ -10,7 +10,7 @@ import pytest
 
 from specrouter.cascade.chain import CycleRunner
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.router.pacing import ALPHA, ChoicePacing, Kind
+from specrouter.router.pacing import ALPHA, STALE, ChoicePacing, Kind
 from specrouter.router.plan import Scored
 from specrouter.router.predictor import ChainSpec, Prediction
 from specrouter.state import SequenceState
@@ -136,3 +136,32 @@ def test_a_decision_is_reused_where_the_room_cuts_its_draft():
     assert not session.deliberated and session.current == planned and planned.draft_lengths[-1] >= room
     runner = CycleRunner(chain, SequenceState(), SamplingParams(), np.random.default_rng(0))
     assert len(runner.cycle(list(PROMPT), room)) <= room  # it drafts at most room - 1 for the target
+
+
+def test_kinds_that_alternate_reuse_their_own_decisions_and_old_ones_are_made_again():
+    """(1) bounds the deliberations per choice of a kind: two kinds that alternate (a
+    lookup's match classes, cycle by cycle) deliberate every `every`-th choice of each, not
+    every choice (counted over all choices, each found its own decision too old, and a
+    fast CPU's sessions reused ~10% of their choices where every = 2 allows half). A kind
+    that comes back after STALE * every choices of the router deliberates again."""
+    pacing = ChoicePacing(0.05)
+    pacing.timed(0.001, True)
+    pacing.on_cycle(0.01)  # every = 2 at batch 1
+    assert pacing.every(1) == 2
+    a, b = Kind.of("greedy", 1, None), Kind.of("greedy", 1, "suffix#2")
+    deliberated = []
+    for choice in range(1, 21):
+        kind = a if choice % 2 else b
+        if pacing.recent(kind) is None:
+            deliberated.append(choice)
+            pacing.made(kind, SOME)
+    assert deliberated == [1, 2, 5, 6, 9, 10, 13, 14, 17, 18]
+    rare = Kind.of("greedy", 1, "suffix#8")
+    pacing.made(rare, SOME)
+    for _ in range(2 * STALE - 2):
+        pacing.recent(a)
+    assert pacing.recent(rare) is SOME  # the router's (STALE * every - 1)-th choice since
+    pacing.made(rare, SOME)
+    for _ in range(2 * STALE - 1):
+        pacing.recent(a)
+    assert pacing.recent(rare) is None  # its (STALE * every)-th
