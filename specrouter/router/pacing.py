@@ -53,7 +53,11 @@ from specrouter.router.plan import Scored
 #: every ~0.7 ms choice deliberating, ~2.5% of the time, and auto that never drafted ran at
 #: 0.971x the target alone).
 FRACTION = 0.02
-#: A decision older than STALE * every choices of the router (of all kinds) is made again.
+#: A kind whose deliberations keep choosing what they chose before is deliberated ever more
+#: rarely, up to every * 2^AGREED choices of it apart (where every > 1).
+AGREED = 3
+#: A decision older than STALE times its span in choices of the router (of all kinds) is
+#: made again.
 STALE = 4
 #: Weight of a new timing in the averages of d and s.
 ALPHA = 0.1
@@ -78,6 +82,7 @@ class _Made:
     at: int  # the router's choice count when it was made
     kind_at: int  # its kind's choice count when it was made
     made: int  # deliberations for its kind so far, this one included
+    agreed: int  # deliberations in a row before it that chose the same chain and lengths
 
 
 class ChoicePacing:
@@ -100,22 +105,29 @@ class ChoicePacing:
 
     def recent(self, kind: Kind) -> Scored | None:
         """A decision for `kind` recent enough to reuse (None: deliberate): made within the
-        last every(batch) choices of its kind, and within the last 2^m where it is the kind's
-        m-th (a kind's first decisions rest on little evidence: they are renewed after 2, 4,
-        8, ... of its choices, so a kind deliberates about log2(every) times more in all),
-        and within the router's last STALE * every(batch) choices. Counts the choice."""
+        last span choices of its kind, and within the router's last STALE * span choices. The
+        span is every(batch), doubled for each deliberation in a row before it that chose
+        the same (up to AGREED times; where every > 1: a deliberation is then the share of a
+        cycle worth saving), and at most 2^m where it is the kind's m-th (a kind's first
+        decisions rest on little evidence: they are renewed after 2, 4, 8, ... of its
+        choices). Counts the choice."""
         self.choices += 1
         own = self._kind_choices[kind] = self._kind_choices.get(kind, 0) + 1
         made = self._made.get(kind)
+        if made is None:
+            return None
         every = self.every(kind.batch)
-        if made is None or own - made.kind_at >= min(every, 2**made.made) or self.choices - made.at >= STALE * every:
+        span = min(every << made.agreed if every > 1 else 1, 2**made.made)
+        if own - made.kind_at >= span or self.choices - made.at >= STALE * span:
             return None
         return made.scored
 
     def made(self, kind: Kind, scored: Scored) -> None:
         """A deliberation chose `scored` for `kind`."""
         before = self._made.get(kind)
-        self._made[kind] = _Made(scored, self.choices, self._kind_choices.get(kind, 0), before.made + 1 if before else 1)
+        agreed = min(before.agreed + 1, AGREED) if before is not None and before.scored.spec == scored.spec else 0
+        self._made[kind] = _Made(scored, self.choices, self._kind_choices.get(kind, 0),
+                                 before.made + 1 if before else 1, agreed)
 
     def timed(self, seconds: float, deliberated: bool) -> None:
         """The engine timed a choice: a deliberation's time feeds d, a reuse's is not d."""

@@ -3,6 +3,7 @@ reuse a recent decision instead."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from specrouter.cascade.chain import CycleRunner
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.router.pacing import ALPHA, STALE, ChoicePacing, Kind
+from specrouter.router.pacing import AGREED, ALPHA, STALE, ChoicePacing, Kind
 from specrouter.router.plan import Scored
 from specrouter.router.predictor import ChainSpec, Prediction
 from specrouter.state import SequenceState
@@ -18,6 +19,12 @@ from specrouter.state import SequenceState
 from ..router_synth import PROMPT, family, make_router
 
 SOME = Scored(ChainSpec(("d", "t"), (4,)), Prediction(0.01, 0.03, 3.0))
+OTHER = Scored(ChainSpec(("d", "t"), (2,)), Prediction(0.01, 0.02, 2.0))
+
+
+def differing():
+    """Decisions that differ from the one before each time (none agrees: AGREED)."""
+    return itertools.cycle((SOME, OTHER))
 
 
 def test_every_is_the_choices_cost_over_its_share_of_a_cycle():
@@ -49,11 +56,11 @@ def test_a_kinds_decision_is_renewed_after_2_4_8_choices_then_every():
     pacing.timed(0.001, True)
     pacing.on_cycle(0.001)  # every = 20 at batch 1
     kind = Kind.of("greedy", 1, None)
-    deliberated = []
+    deliberated, decisions = [], differing()
     for choice in range(1, 80):
         if pacing.recent(kind) is None:
             deliberated.append(choice)
-            pacing.made(kind, SOME)
+            pacing.made(kind, next(decisions))
     assert deliberated == [1, 3, 7, 15, 31, 51, 71]
     assert pacing.recent(Kind.of("greedy", 1, "suffix#4")) is None  # another kind: its own decisions
     assert pacing.recent(Kind.of("sampled", 1, None)) is None
@@ -149,19 +156,42 @@ def test_kinds_that_alternate_reuse_their_own_decisions_and_old_ones_are_made_ag
     pacing.on_cycle(0.01)  # every = 2 at batch 1
     assert pacing.every(1) == 2
     a, b = Kind.of("greedy", 1, None), Kind.of("greedy", 1, "suffix#2")
-    deliberated = []
+    deliberated, decisions = [], {a: differing(), b: differing()}
     for choice in range(1, 21):
         kind = a if choice % 2 else b
         if pacing.recent(kind) is None:
             deliberated.append(choice)
-            pacing.made(kind, SOME)
+            pacing.made(kind, next(decisions[kind]))
     assert deliberated == [1, 2, 5, 6, 9, 10, 13, 14, 17, 18]
     rare = Kind.of("greedy", 1, "suffix#8")
     pacing.made(rare, SOME)
     for _ in range(2 * STALE - 2):
         pacing.recent(a)
     assert pacing.recent(rare) is SOME  # the router's (STALE * every - 1)-th choice since
-    pacing.made(rare, SOME)
+    pacing.made(rare, OTHER)
     for _ in range(2 * STALE - 1):
         pacing.recent(a)
     assert pacing.recent(rare) is None  # its (STALE * every)-th
+
+
+def test_a_kind_whose_deliberations_agree_is_deliberated_ever_more_rarely():
+    """Each deliberation that chooses what the one before chose doubles the kind's span, up
+    to every * 2^AGREED (a session running the target alone, on a fast CPU, deliberated every
+    other choice to choose it again); one that chooses otherwise starts again from every.
+    Where every = 1 (a choice is nothing next to a cycle) every choice still deliberates."""
+    pacing = ChoicePacing(0.05)
+    pacing.timed(0.001, True)
+    pacing.on_cycle(0.01)  # every = 2 at batch 1
+    kind = Kind.of("greedy", 1, None)
+    deliberated = []
+    for choice in range(1, 80):
+        if pacing.recent(kind) is None:
+            deliberated.append(choice)
+            pacing.made(kind, SOME if choice < 40 else OTHER)
+    assert AGREED == 3 and deliberated == [1, 3, 7, 15, 31, 47, 49, 53, 61, 77]
+    slow = ChoicePacing(0.05)
+    slow.timed(0.001, True)
+    slow.on_cycle(1.0)  # every = 1
+    for _ in range(8):
+        assert slow.recent(kind) is None
+        slow.made(kind, SOME)
