@@ -34,10 +34,13 @@ read), a kind not decided recently.
 
 With every = 1 (a CPU whose forward is slow against the choice: B d / (FRACTION s) <= 1) every
 choice deliberates, as without pacing; on a fast CPU (d ~ 0.6 ms, s ~ 25 ms: every = 2)
-every other choice of a kind reuses that kind's last decision. Reused decisions are exact
-like any other (any chain keeps the output's distribution); what they give up is the
-request's newest evidence for at most `every` choices of their kind (STALE * every in all),
-and their counts (deliberated, reused) say how often.
+every other choice of a kind reuses that kind's last decision. A kind whose deliberations
+keep choosing the target alone by a margin (no chain within MARGIN of it, optimistic ones
+included: first-turn text on a CPU) waits twice as long after each, up to 2^AGREED times
+every. Reused decisions are exact like any other (any chain keeps the output's
+distribution); what they give up is the request's newest evidence for at most a span of
+choices of their kind (STALE spans in all), and their counts (deliberated, reused) say how
+often.
 """
 
 from __future__ import annotations
@@ -53,9 +56,15 @@ from specrouter.router.plan import Scored
 #: every ~0.7 ms choice deliberating, ~2.5% of the time, and auto that never drafted ran at
 #: 0.971x the target alone).
 FRACTION = 0.02
-#: A kind whose deliberations keep choosing what they chose before is deliberated ever more
-#: rarely, up to every * 2^AGREED choices of it apart (where every > 1).
+#: A kind whose deliberations keep choosing the target alone, by a margin, is deliberated
+#: ever more rarely, up to every * 2^AGREED choices of it apart (where every > 1).
 AGREED = 3
+#: The margin: every other chain's score (seconds per token), optimistic ones included, at
+#: least (1 + MARGIN) times the target alone's. A few cycles of new evidence rarely move a
+#: chain that far; a drafted chain's lengths follow its own blocks cycle by cycle (backed
+#: off like the target alone's, suffix drafts of code edits stayed at 15 tokens where 31-63
+#: paid: 1.71 -> 1.65x the target alone).
+MARGIN = 0.1
 #: A decision older than STALE times its span in choices of the router (of all kinds) is
 #: made again.
 STALE = 4
@@ -82,7 +91,7 @@ class _Made:
     at: int  # the router's choice count when it was made
     kind_at: int  # its kind's choice count when it was made
     made: int  # deliberations for its kind so far, this one included
-    agreed: int  # deliberations in a row before it that chose the same chain and lengths
+    agreed: int  # deliberations in a row before it that chose the target alone by the margin
 
 
 class ChoicePacing:
@@ -107,8 +116,8 @@ class ChoicePacing:
         """A decision for `kind` recent enough to reuse (None: deliberate): made within the
         last span choices of its kind, and within the router's last STALE * span choices. The
         span is every(batch), doubled for each deliberation in a row before it that chose
-        the same (up to AGREED times; where every > 1: a deliberation is then the share of a
-        cycle worth saving), and at most 2^m where it is the kind's m-th (a kind's first
+        the target alone firmly, as it did (up to AGREED times; where every > 1: a
+        deliberation is then the share of a cycle worth saving), and at most 2^m where it is the kind's m-th (a kind's first
         decisions rest on little evidence: they are renewed after 2, 4, 8, ... of its
         choices). Counts the choice."""
         self.choices += 1
@@ -122,10 +131,10 @@ class ChoicePacing:
             return None
         return made.scored
 
-    def made(self, kind: Kind, scored: Scored) -> None:
-        """A deliberation chose `scored` for `kind`."""
+    def made(self, kind: Kind, scored: Scored, firm: bool = False) -> None:
+        """A deliberation chose `scored` for `kind`; `firm`: the target alone, by MARGIN."""
         before = self._made.get(kind)
-        agreed = min(before.agreed + 1, AGREED) if before is not None and before.scored.spec == scored.spec else 0
+        agreed = min(before.agreed + 1, AGREED) if firm and before is not None and before.scored.spec == scored.spec else 0
         self._made[kind] = _Made(scored, self.choices, self._kind_choices.get(kind, 0),
                                  before.made + 1 if before else 1, agreed)
 

@@ -174,10 +174,13 @@ def test_kinds_that_alternate_reuse_their_own_decisions_and_old_ones_are_made_ag
     assert pacing.recent(rare) is None  # its (STALE * every)-th
 
 
-def test_a_kind_whose_deliberations_agree_is_deliberated_ever_more_rarely():
-    """Each deliberation that chooses what the one before chose doubles the kind's span, up
-    to every * 2^AGREED (a session running the target alone, on a fast CPU, deliberated every
-    other choice to choose it again); one that chooses otherwise starts again from every.
+@pytest.mark.parametrize("firm", [True, False])
+def test_a_kind_whose_deliberations_firmly_agree_is_deliberated_ever_more_rarely(firm):
+    """Each firm deliberation (the target alone by MARGIN) that chooses what the one before
+    chose doubles the kind's span, up to every * 2^AGREED (a session running the target
+    alone, on a fast CPU, deliberated every other choice to choose it again); one that
+    chooses otherwise starts again from every. Decisions that are not firm keep the span at
+    every, however often they agree (a drafted chain's lengths move with its own blocks).
     Where every = 1 (a choice is nothing next to a cycle) every choice still deliberates."""
     pacing = ChoicePacing(0.05)
     pacing.timed(0.001, True)
@@ -187,11 +190,42 @@ def test_a_kind_whose_deliberations_agree_is_deliberated_ever_more_rarely():
     for choice in range(1, 80):
         if pacing.recent(kind) is None:
             deliberated.append(choice)
-            pacing.made(kind, SOME if choice < 40 else OTHER)
-    assert AGREED == 3 and deliberated == [1, 3, 7, 15, 31, 47, 49, 53, 61, 77]
+            pacing.made(kind, SOME if choice < 40 else OTHER, firm)
+    if firm:
+        assert AGREED == 3 and deliberated == [1, 3, 7, 15, 31, 47, 49, 53, 61, 77]
+    else:
+        assert deliberated == list(range(1, 80, 2))
     slow = ChoicePacing(0.05)
     slow.timed(0.001, True)
     slow.on_cycle(1.0)  # every = 1
     for _ in range(8):
         assert slow.recent(kind) is None
-        slow.made(kind, SOME)
+        slow.made(kind, SOME, firm)
+
+
+@pytest.mark.parametrize("acceptance", [0.9, 0.1, 0.02])
+def test_a_session_backs_off_from_firm_choices_of_the_target_alone_only(acceptance):
+    """Where no draft comes within MARGIN of the target alone (acceptance 0.02, every pair
+    well observed: the small draft's best chain is ~12% slower) the session's deliberations
+    are firm and spread out; where one comes close (0.1: ~4% slower) the target alone is
+    chosen but every other choice deliberates (every = 2 here), as where a draft pays (0.9)."""
+    target, mid, small = family()
+    router = make_router(target, [mid, small], use_ngram=False)
+    for mode in ("greedy", "sampled"):
+        for j, i in (("small", "target"), ("mid", "target"), ("small", "mid")):
+            router.acceptance.set_global(j, i, acceptance, count=500, mode=mode)
+    session = router.session()
+    session.start(SamplingParams(), len(PROMPT), 200)
+    session.pacing.timed(0.001, True)
+    session.pacing.on_cycle(0.025)
+    assert session.pacing.every(1) == 2
+    deliberated, chains = [], set()
+    for choice in range(1, 17):
+        chains.add(tuple(session.choose(len(PROMPT), 200, _caught_up(session), PROMPT).names))
+        if session.deliberated:
+            deliberated.append(choice)
+    if acceptance == 0.9:
+        assert all(len(names) > 1 for names in chains) and deliberated == list(range(1, 17, 2))
+    else:
+        assert chains == {("target",)}
+        assert deliberated == ([1, 3, 7, 15] if acceptance == 0.02 else list(range(1, 17, 2)))
