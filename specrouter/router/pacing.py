@@ -61,9 +61,8 @@ FRACTION = 0.02
 AGREED = 3
 #: The margin: every other chain's score (seconds per token), optimistic ones included, at
 #: least (1 + MARGIN) times the target alone's. A few cycles of new evidence rarely move a
-#: chain that far; a drafted chain's lengths follow its own blocks cycle by cycle (backed
-#: off like the target alone's, suffix drafts of code edits stayed at 15 tokens where 31-63
-#: paid: 1.71 -> 1.65x the target alone).
+#: chain that far, while a drafted chain's lengths follow its own blocks cycle by cycle, and
+#: a close call may turn at the next one: those keep the span at every.
 MARGIN = 0.1
 #: A decision older than STALE times its span in choices of the router (of all kinds) is
 #: made again.
