@@ -22,8 +22,9 @@ how well it does). Counted per kind, the deliberations are a 1 / every share of 
 choices, whatever the mix of kinds: counted over all choices, as they were, kinds that
 alternate (a lookup's match classes change from cycle to cycle) found no decision of theirs
 recent, and a fast CPU's sessions (every = 2) reused ~10% of their choices where (1)
-allows half. A decision older than STALE times every choices of the router is not reused
-(a kind that comes rarely would otherwise keep a choice made long ago, on older evidence).
+allows half. A decision older than STALE spans (below) of the router's choices is not
+reused (a kind that comes rarely would otherwise keep a choice made long ago, on older
+evidence).
 The reusing session checks what is its own:
 the chain still runs (no model of it excluded) and no model of it must first catch up on
 tokens it missed (a catch-up is the choice's to weigh; router/planner.py prices it). Where
@@ -116,9 +117,9 @@ class ChoicePacing:
         last span choices of its kind, and within the router's last STALE * span choices. The
         span is every(batch), doubled for each deliberation in a row before it that chose
         the target alone firmly, as it did (up to AGREED times; where every > 1: a
-        deliberation is then the share of a cycle worth saving), and at most 2^m where it is the kind's m-th (a kind's first
-        decisions rest on little evidence: they are renewed after 2, 4, 8, ... of its
-        choices). Counts the choice."""
+        deliberation is then the share of a cycle worth saving), and at most 2^m where it
+        is the kind's m-th (a kind's first decisions rest on little evidence: they are
+        renewed after 2, 4, 8, ... of its choices). Counts the choice."""
         self.choices += 1
         own = self._kind_choices[kind] = self._kind_choices.get(kind, 0) + 1
         made = self._made.get(kind)

@@ -353,7 +353,7 @@ class Router:
                 chosen, reason = current, "keep"
         elif self.current is not None:
             reason = "switch"
-        probe = None
+        probe, candidates = None, []
         if target_ready:
             # Candidates: chains with a barely observed or stale pair, scored optimistically, and
             # chains that only the cautious guard kept out (their own data is what makes them sure).
