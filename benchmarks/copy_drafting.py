@@ -83,7 +83,7 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
                                                  for p in peers if p.draft_model is not None}}
     servers, server_errors = open_peers(peers, files, target.n_threads, n_ctx=4096)
     methods.update({label: server_runner(server, target.eos_ids) for label, server in servers.items()})
-    memories = {}
+    memories, profiles = {}, {}
     try:
         for method, lookup in AUTO.items():
             if method not in ours:
@@ -93,6 +93,9 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
             # Each router its own folder under router_dir: their estimates must not mix.
             router = auto_router(pool, TARGET, [TARGET], profile_dir=router_dir / lookup, progress=False,
                                  lookup=lookup, memory=memories.get(method))
+            # The profile it starts from decides close calls between draft lengths (a suffix
+            # draft of 15 or of 31 tokens): recorded, so runs can be told apart by it.
+            profiles[method] = router.costs.profile.as_dict()
             methods[method] = lambda tokens, params, n, router=router: run_routed(router, tokens, params, n)
         runs = compare(methods, prompts, pool, max_tokens, {m: MODES[m] for m in modes}, prefilled=())
     finally:  # a failed run must not leave its servers idling beside the next one
@@ -121,6 +124,7 @@ def run(per_workload: int, max_tokens: int, modes: list[str], router_dir: Path |
         "auto_chains": auto_chains(runs),
         "server_drafts": draft_counts(runs),
         "lookup_sources": lookup_sources(runs),
+        "profiles": profiles,
         "memory": {m: {"tokens_held": len(mem), "budget": mem.budget, "megabytes": round(mem.nbytes / 2**20, 1)}
                    for m, mem in memories.items()},
     }
@@ -201,6 +205,11 @@ def markdown(result: dict) -> str:
     for method, mem in result.get("memory", {}).items():
         lines.append(f"\nCross-request memory of {method} at the end: {mem['tokens_held']:,} tokens held of a "
                      f"{mem['budget']:,}-token budget, {mem['megabytes']} MB (allocated at the start).")
+    sizes = ("1", "4", "16", "32", "64")
+    for method, profile in result.get("profiles", {}).items():
+        table = profile["models"].get(s["target"], {})
+        lines.append(f"\n{method} started from the target's profile {' / '.join(f'{table[n] * 1e3:.1f}' for n in sizes if n in table)}"
+                     f" ms for {' / '.join(n for n in sizes if n in table)} tokens (`profiles` in the JSON: every size and model).")
     return "\n".join(lines) + "\n"
 
 

@@ -46,7 +46,9 @@ MAX_WALK = 256  # chain positions visited per query
 MAX_MATCH = 64  # how far back a candidate's agreement is measured
 MAX_CANDIDATES = 32  # the latest candidates of the longest match vote
 _SEPARATOR = -1
-_MULT = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
+_MULT_INT = 0x9E3779B97F4A7C15  # Fibonacci hashing
+_MULT = np.uint64(_MULT_INT)
+_MASK = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -138,9 +140,10 @@ class SuffixMemory:
             pid = self._partitions.get(scope.partition)
             if pid is None:
                 return Lookup([], 0)
-            tail = np.asarray(context[-MAX_MATCH:], dtype=np.int64)
-            h = int(_hashes(tail[-GRAM:], pid, self._shift)[0])
-            found = self._candidates(tail, h, pid)
+            h = _slot(context[-GRAM:], pid, int(self._shift))
+            if self._head[h] < self.oldest:  # no text of any partition ends with this window
+                return Lookup([], 0)
+            found = self._candidates(np.asarray(context[-MAX_MATCH:], dtype=np.int64), h, pid)
             if not found:
                 return Lookup([], 0)
             match = max(m for _, m in found)
@@ -184,6 +187,15 @@ class SuffixMemory:
             tokens.append(token)
             rows = [row for row in rows if j < len(row) and row[j] == token]
         return Lookup(tokens, match, len(rows), len(alive))
+
+
+def _slot(window: Sequence[int], pid: int, shift: int) -> int:
+    """_hashes of one GRAM-token window in plain integers (a query's one window: numpy's
+    per-call overhead would cost ten times the arithmetic)."""
+    h = (pid * 0x100000001B3) & _MASK
+    for token in window:
+        h = ((h ^ (int(token) & _MASK)) * _MULT_INT) & _MASK
+    return h >> shift
 
 
 def _hashes(arr: np.ndarray, pid: int, shift: np.uint64) -> np.ndarray:

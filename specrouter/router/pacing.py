@@ -47,6 +47,7 @@ often.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from specrouter.router.costs import ema
@@ -70,6 +71,14 @@ MARGIN = 0.1
 STALE = 4
 #: Weight of a new timing in the averages of d and s.
 ALPHA = 0.1
+
+
+def firm(chosen: Scored, rivals: Iterable[Scored]) -> bool:
+    """Whether a deliberation that chose `chosen` over `rivals` (every chain it scored, the
+    chosen one may be among them) chose firmly: the target alone, with every other chain's
+    score at least (1 + MARGIN) times its own."""
+    return len(chosen.spec.names) == 1 and all(
+        s.score >= (1 + MARGIN) * chosen.score for s in rivals if s.spec != chosen.spec)
 
 
 @dataclass(frozen=True)

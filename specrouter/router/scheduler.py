@@ -85,7 +85,7 @@ from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.draft_stop import ConfidenceStop
 from specrouter.router.observe import CycleLearner
-from specrouter.router.pacing import MARGIN, ChoicePacing, Kind
+from specrouter.router.pacing import ChoicePacing, Kind, firm
 from specrouter.router.plan import Decision, DecisionInputs, LengthHints, Plan, Rates, Scored, level_key, match_key
 from specrouter.router.lengths import AnswerLengths
 from specrouter.router.planner import Planner
@@ -368,10 +368,8 @@ class Router:
         if reason != "keep" or not self.decisions:
             self._record(chosen.spec, reason, position, ranked)
         self.current = chosen.spec
-        # Firm: the target alone, no chain within MARGIN of it, optimistic ones included (pacing.py).
-        firm = target_ready and len(chosen.spec.names) == 1 and all(
-            s.score >= (1 + MARGIN) * chosen.score for s in (*ranked, *candidates) if s.spec != chosen.spec)
-        self.pacing.made(kind, chosen, firm)
+        # Optimistic candidates are rivals too: a chain worth probing soon is no firm "no".
+        self.pacing.made(kind, chosen, target_ready and firm(chosen, (*ranked, *candidates)))
         return self._armed(chosen, position, cached)
 
     def _reusable(self, kind: Kind, position: int, room: int, cached: Mapping[str, int]) -> Scored | None:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from specrouter.drafters.lookup import Lookup
-from specrouter.drafters.memory import GRAM, MAX_CANDIDATES, MAX_MATCH, OPTED_OUT, MemoryScope, SuffixMemory
+from specrouter.drafters.memory import (GRAM, MAX_CANDIDATES, MAX_MATCH, OPTED_OUT, MemoryScope, SuffixMemory, _hashes,
+                                        _slot)
 from specrouter.errors import InvalidParameterError
 
 
@@ -74,6 +75,17 @@ def test_recall_equals_brute_force_as_texts_are_added_and_evicted(alphabet, budg
             n = int(rng.integers(1, 10))
             assert memory.propose(context, n, MemoryScope(partition)) == \
                 brute_lookup(texts, budget, context, n, partition), (context, partition)
+
+
+def test_a_query_hashes_its_window_to_the_slot_its_text_was_stored_under():
+    """propose hashes one window in plain integers, add hashes all in numpy: both must agree
+    (at vocabulary-sized ids and any partition), or no stored text would ever be found."""
+    rng = np.random.default_rng(7)
+    shift = np.uint64(64 - 20)
+    for pid in (0, 1, 2, 977):
+        arr = rng.integers(0, 152_000, size=40)
+        slots = _hashes(arr, pid, shift)
+        assert [_slot(arr[i:i + GRAM].tolist(), pid, int(shift)) for i in range(len(slots))] == slots.tolist()
 
 
 def test_a_long_match_proposes_the_stored_continuation_up_to_the_end_of_its_text():

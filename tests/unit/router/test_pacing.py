@@ -11,7 +11,7 @@ import pytest
 
 from specrouter.cascade.chain import CycleRunner
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.router.pacing import AGREED, ALPHA, STALE, ChoicePacing, Kind
+from specrouter.router.pacing import AGREED, ALPHA, MARGIN, STALE, ChoicePacing, Kind, firm
 from specrouter.router.plan import Scored
 from specrouter.router.predictor import ChainSpec, Prediction
 from specrouter.state import SequenceState
@@ -25,6 +25,16 @@ OTHER = Scored(ChainSpec(("d", "t"), (2,)), Prediction(0.01, 0.02, 2.0))
 def differing():
     """Decisions that differ from the one before each time (none agrees: AGREED)."""
     return itertools.cycle((SOME, OTHER))
+
+
+def test_a_choice_is_firm_only_for_the_target_alone_with_every_rival_margin_slower():
+    alone = Scored(ChainSpec(("t",), ()), Prediction(0.02, 0.02, 1.0), score=0.02)
+    at_margin = Scored(SOME.spec, SOME.prediction, score=0.02 * (1 + MARGIN))
+    inside = Scored(OTHER.spec, OTHER.prediction, score=0.02 * (1 + MARGIN) * 0.999)
+    assert firm(alone, [alone, at_margin])  # itself among the rivals: not its own rival
+    assert firm(alone, [])
+    assert not firm(alone, [at_margin, inside])
+    assert not firm(at_margin, [alone])  # a drafted chain is never firm: its lengths move with its blocks
 
 
 def test_every_is_the_choices_cost_over_its_share_of_a_cycle():
