@@ -208,8 +208,9 @@ def markdown(result: dict) -> str:
     sizes = ("1", "4", "16", "32", "64")
     for method, profile in result.get("profiles", {}).items():
         table = profile["models"].get(s["target"], {})
-        lines.append(f"\n{method} started from the target's profile {' / '.join(f'{table[n] * 1e3:.1f}' for n in sizes if n in table)}"
-                     f" ms for {' / '.join(n for n in sizes if n in table)} tokens (`profiles` in the JSON: every size and model).")
+        timed = [n for n in sizes if n in table]
+        lines.append(f"\n{method} started from the target's profile {' / '.join(f'{table[n] * 1e3:.1f}' for n in timed)} ms "
+                     f"for {' / '.join(timed)} tokens (`profiles` in the JSON: every size and model).")
     return "\n".join(lines) + "\n"
 
 

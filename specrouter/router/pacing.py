@@ -140,10 +140,11 @@ class ChoicePacing:
             return None
         return made.scored
 
-    def made(self, kind: Kind, scored: Scored, firm: bool = False) -> None:
-        """A deliberation chose `scored` for `kind`; `firm`: the target alone, by MARGIN."""
+    def made(self, kind: Kind, scored: Scored, firmly: bool = False) -> None:
+        """A deliberation chose `scored` for `kind`; `firmly`: as firm() says."""
         before = self._made.get(kind)
-        agreed = min(before.agreed + 1, AGREED) if firm and before is not None and before.scored.spec == scored.spec else 0
+        agreed = (min(before.agreed + 1, AGREED) if firmly and before is not None and before.scored.spec == scored.spec
+                  else 0)
         self._made[kind] = _Made(scored, self.choices, self._kind_choices.get(kind, 0),
                                  before.made + 1 if before else 1, agreed)
 
