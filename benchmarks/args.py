@@ -1,4 +1,5 @@
-"""Command-line options shared by the prompt-set benchmarks (router and torch target)."""
+"""Command-line options shared by the prompt-set benchmarks (router and torch target), and how a
+benchmark states the router it started from."""
 
 from __future__ import annotations
 
@@ -40,3 +41,21 @@ def write_result(result: dict, out: Path, stem: str, markdown: Callable[[dict], 
     md = markdown(result)
     (out / f"{stem}.md").write_text(md)
     print(md)
+
+
+#: Forward sizes (tokens) a report quotes of a starting profile.
+PROFILE_SIZES = (1, 4, 16, 32, 64)
+
+
+def profile_line(profile: dict, model: str, who: str, key: str = "profile") -> str:
+    """The report's sentence on the cost profile a router started from (`profile`: its
+    CostProfile.as_dict(), which the result's JSON keeps whole under `key`): `model`'s
+    seconds at the PROFILE_SIZES it was timed at. That profile decides close calls (a
+    draft's length, a draft model or none), so two runs of one benchmark can be told apart
+    by it."""
+    table = profile["models"].get(model, {})
+    timed = [str(n) for n in PROFILE_SIZES if str(n) in table]
+    if not timed:
+        return f"{who} started from a profile that did not time {model}."
+    return (f"{who} started from {model}'s profile {' / '.join(f'{table[n] * 1e3:.1f}' for n in timed)} ms for "
+            f"{' / '.join(timed)} token{'' if timed == ['1'] else 's'} (`{key}` in the JSON: every size and model).")

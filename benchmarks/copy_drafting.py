@@ -25,7 +25,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.args import router_start, write_result
+from benchmarks.args import profile_line, router_start, write_result
 from benchmarks.chains import MODES, NATIVE, RESULTS, TARGET, compare, native_runner, open_native, static_runner
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
@@ -205,12 +205,8 @@ def markdown(result: dict) -> str:
     for method, mem in result.get("memory", {}).items():
         lines.append(f"\nCross-request memory of {method} at the end: {mem['tokens_held']:,} tokens held of a "
                      f"{mem['budget']:,}-token budget, {mem['megabytes']} MB (allocated at the start).")
-    sizes = ("1", "4", "16", "32", "64")
     for method, profile in result.get("profiles", {}).items():
-        table = profile["models"].get(s["target"], {})
-        timed = [n for n in sizes if n in table]
-        lines.append(f"\n{method} started from the target's profile {' / '.join(f'{table[n] * 1e3:.1f}' for n in timed)} ms "
-                     f"for {' / '.join(timed)} tokens (`profiles` in the JSON: every size and model).")
+        lines.append("\n" + profile_line(profile, s["target"], method, key="profiles"))
     return "\n".join(lines) + "\n"
 
 

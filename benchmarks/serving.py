@@ -13,9 +13,9 @@ HumanEval completions and GSM8K chats; or a workload whose answers repeat their 
 benchmarks/workloads.py), greedy. Auto routes the default pool and the lookup drafter
 (with the suffix drafter, a cross-request memory of the default budget that every
 request feeds, as a server's `shared` memory); its estimates and profile start as
---router-dir says (default: fresh). Reports total generated tokens/s, time to first
-token and inter-token latency (median and p95; a delta of k tokens after a gap g counts
-as k gaps of g/k), the batch sizes the models actually ran, and for auto the share of
+--router-dir says (default: fresh), and the profile it started from is recorded
+(`profile`). Reports total generated tokens/s, time to first token and inter-token
+latency (median and p95; a delta of k tokens after a gap g counts as k gaps of g/k), the batch sizes the models actually ran, and for auto the share of
 cycles that speculated. --exact runs every model on the exact kernels (`serve --exact`;
 docs/bit-exact.md), the target alone included. Writes JSON, a markdown table and a PNG plot to benchmarks/results/.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.args import router_start
+from benchmarks.args import profile_line, router_start
 from benchmarks.machine import machine_info, write_result
 from benchmarks.prompts import load
 from benchmarks.workloads import load as load_workload
@@ -117,6 +117,7 @@ def run(levels: list[int], per_slot: int, max_tokens: int, workload: str = "firs
     memory = SuffixMemory() if MODEL_FREE[lookup].remembers else None
     router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=router_dir, progress=True, lookup=lookup,
                          memory=memory) if auto else None
+    profile = router.costs.profile.as_dict() if router is not None else None  # as it starts
     alone = pool.chain([TARGET])
     # (method, planner, the scheduler's step policy)
     methods = [("target alone", lambda r: alone, InPhase())]
@@ -138,7 +139,7 @@ def run(levels: list[int], per_slot: int, max_tokens: int, workload: str = "firs
         router.save_estimates()
     pool.close()
     return {"machine": machine_info(), "max_tokens": max_tokens, "requests_per_slot": per_slot, "rows": rows,
-            "workload": workload, "lookup": lookup, "router_start": router_state, "exact": exact,
+            "workload": workload, "lookup": lookup, "router_start": router_state, "exact": exact, "profile": profile,
             "memory": None if memory is None else {"tokens_held": len(memory), "budget": memory.budget,
                                                    "megabytes": round(memory.nbytes / 2**20, 1)}}
 
@@ -172,6 +173,8 @@ def markdown(result: dict, plot: str) -> str:
             f"{r['tokens_per_second'] / base[r['concurrency']]:.3f} | {r['ttft_median_ms']} | {r['itl_median_ms']} | "
             f"{r['itl_p95_ms']} | {r['speculating_cycles']:.0%} | "
             + ", ".join(f"{k}: {v}" for k, v in r["batch_sizes"].items()) + " |")
+    if result.get("profile"):
+        lines += ["", profile_line(result["profile"], TARGET, "auto")]
     return "\n".join(lines + ["", f"![throughput and latency vs concurrency]({plot})", ""])
 
 

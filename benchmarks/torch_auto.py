@@ -18,7 +18,9 @@ turn; the prompts' two lengths follow one another. One auto router for the whole
 server or a user's saved estimates keep it) over the q4 0.5B, the q4 1.5B and the target,
 with the default model-free level, started as --router-dir says (default: fresh, the
 profile measured at the start). Tokens/s is the whole generation's wall time, prompt
-included: what a user waits for. Writes <stem>.json and .md to benchmarks/results/.
+included: what a user waits for. The profile the router started from is recorded (`profile`
+in the JSON, the target's and the draft's sizes in the report). Writes <stem>.json and .md to
+benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks.args import router_start, write_result
+from benchmarks.args import profile_line, router_start, write_result
 from benchmarks.chains import RESULTS, run_order, static_runner
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
@@ -68,6 +70,7 @@ def run(per_set: int, lengths: list[int], router_dir: Path | None) -> dict:
     target = pool.level(TARGET)
     prompts = build_prompts(target, per_set)
     router = auto_router(pool, TARGET, [SMALL, MID, TARGET], profile_dir=router_dir, progress=False)
+    profile = router.costs.profile.as_dict()  # as it starts: the runs refine the router's own
     methods = {BASELINE: static_runner(pool, [TARGET], ()), CHAIN: static_runner(pool, [SMALL, TARGET], (16,)),
                AUTO: lambda tokens, params, n: run_routed(router, tokens, params, n)}
     setup = time.perf_counter() - started
@@ -99,6 +102,7 @@ def run(per_set: int, lengths: list[int], router_dir: Path | None) -> dict:
         "ratios": ratio_table(summary),
         "baseline_drift": [round(d, 3) for d in baseline_drift(runs)],
         "auto_chains": auto_chains(runs),
+        "profile": profile,
     }
 
 
@@ -135,6 +139,9 @@ def markdown(result: dict) -> str:
     lines += ["", "## Chains auto ran (cycles)", ""]
     lines += [f"- {key}: " + ", ".join(f"{c} {n}" for c, n in chains.items())
               for key, chains in result["auto_chains"].items()]
+    if "profile" in result:
+        lines += ["", "## The router's starting profile", ""]
+        lines += [f"- {profile_line(result['profile'], name, 'auto')}" for name in (TARGET, SMALL)]
     return "\n".join(lines) + "\n"
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.args import profile_line
 from benchmarks.plots import write_plots
 from benchmarks.report import markdown
 from benchmarks.chains import run_order
 from benchmarks.summary import (baseline_drift, baseline_speeds, error_table, fit_acceptance, pair_inputs,
                                 predictor_errors, ratio_table, ratio_to_baseline, summarise)
 from benchmarks.sweep import best_lengths
+from specrouter.router.costs import CostProfile
 from specrouter.router.predictor import expected_tokens
 
 TARGET = "qwen2.5-coder-1.5b"
@@ -204,3 +206,13 @@ def test_scaled_predictor_error_uses_the_target_alones_speed_on_that_prompt():
     assert chain["scaled_relative_error"] == pytest.approx(expected, abs=1e-3)
     assert "scaled_relative_error" not in errors["target alone"]
     assert error_table(list(errors.values()))["target alone"]["median_scaled_relative_error"] is None
+
+
+def test_a_report_states_the_profile_its_router_started_from():
+    profile = CostProfile({"t": {1: 0.025, 2: 0.04, 4: 0.0758, 16: 0.1497, 64: 0.4335}, "d": {1: 0.01}}).as_dict()
+    assert profile_line(profile, "t", "auto") == (
+        "auto started from t's profile 25.0 / 75.8 / 149.7 / 433.5 ms for 1 / 4 / 16 / 64 tokens "
+        "(`profile` in the JSON: every size and model).")
+    assert profile_line(profile, "d", "auto (suffix)", key="profiles") == (
+        "auto (suffix) started from d's profile 10.0 ms for 1 token (`profiles` in the JSON: every size and model).")
+    assert profile_line(profile, "x", "auto") == "auto started from a profile that did not time x."
