@@ -34,7 +34,8 @@ def test_a_choice_is_firm_only_for_the_target_alone_with_every_rival_margin_slow
     assert firm(alone, [alone, at_margin])  # itself among the rivals: not its own rival
     assert firm(alone, [])
     assert not firm(alone, [at_margin, inside])
-    assert not firm(at_margin, [alone])  # a drafted chain is never firm: its lengths move with its blocks
+    far_behind = Scored(alone.spec, alone.prediction, score=1.0)
+    assert not firm(at_margin, [far_behind])  # a drafted chain is never firm: its lengths move with its blocks
 
 
 def test_every_is_the_choices_cost_over_its_share_of_a_cycle():
