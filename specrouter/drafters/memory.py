@@ -47,6 +47,7 @@ MAX_MATCH = 64  # how far back a candidate's agreement is measured
 MAX_CANDIDATES = 32  # the latest candidates of the longest match vote
 _SEPARATOR = -1
 _MULT_INT = 0x9E3779B97F4A7C15  # Fibonacci hashing
+_PARTITION_MULT = 0x100000001B3  # a partition's id seeds its windows' hashes
 _MULT = np.uint64(_MULT_INT)
 _MASK = (1 << 64) - 1
 
@@ -192,7 +193,7 @@ class SuffixMemory:
 def _slot(window: Sequence[int], pid: int, shift: int) -> int:
     """_hashes of one GRAM-token window in plain integers (a query's one window: numpy's
     per-call overhead would cost ten times the arithmetic)."""
-    h = (pid * 0x100000001B3) & _MASK
+    h = (pid * _PARTITION_MULT) & _MASK
     for token in window:
         h = ((h ^ (int(token) & _MASK)) * _MULT_INT) & _MASK
     return h >> shift
@@ -201,7 +202,7 @@ def _slot(window: Sequence[int], pid: int, shift: int) -> int:
 def _hashes(arr: np.ndarray, pid: int, shift: np.uint64) -> np.ndarray:
     """The head-table slot of every GRAM-token window of arr (window i ends at i + GRAM - 1)."""
     u = arr.astype(np.uint64)
-    h = np.full(len(arr) - GRAM + 1, np.uint64(pid) * np.uint64(0x100000001B3), dtype=np.uint64)
+    h = np.full(len(arr) - GRAM + 1, np.uint64(pid) * np.uint64(_PARTITION_MULT), dtype=np.uint64)
     for k in range(GRAM):
         h = (h ^ u[k:len(arr) - GRAM + 1 + k]) * _MULT
     return h >> shift
