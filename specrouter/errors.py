@@ -1,8 +1,14 @@
 """Every error a user can cause has its own type and a message that names the problem.
 
-The CLI and (later) the server catch SpecRouterError and print/return the message:
-no traceback ever reaches a user for bad input.
+Client text and engine text quoted in a message or a log line are clipped (`clip`), and an
+unexpected exception is logged as one bounded record (`log_failure`).
+
+The CLI and the server catch SpecRouterError and print or return the message: no
+traceback ever reaches a user for bad input.
 """
+
+import logging
+import traceback
 
 
 class SpecRouterError(Exception):
@@ -62,3 +68,17 @@ class BackendError(SpecRouterError):
 
 class InvalidGrammarError(InvalidParameterError):
     """A structured-output grammar (JSON schema, regex, GBNF, Lark) that cannot be compiled."""
+
+
+def clip(text: str, limit: int = 200) -> str:
+    """Client-supplied or engine text as an error message or a log line quotes it: at most
+    `limit` characters (the rest counted), and encodable (a lone surrogate shown escaped)."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
+def log_failure(logger: logging.Logger, what: str, exc: BaseException) -> None:
+    """One log record of an unexpected exception: its type, its message clipped, and its
+    traceback's frames (never a client's whole prompt or grammar quoted in a message)."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    logger.error("%s: %s: %s\n%s", what, type(exc).__name__, clip(str(exc), 500), frames)

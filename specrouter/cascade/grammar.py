@@ -45,7 +45,7 @@ import llguidance
 import numpy as np
 
 from specrouter.backends.base import Backend
-from specrouter.errors import InvalidGrammarError
+from specrouter.errors import InvalidGrammarError, clip
 
 #: What a Grammar's source is written in.
 GrammarKind = Literal["json_schema", "regex", "gbnf", "lark", "choice"]
@@ -78,10 +78,10 @@ class Grammar:
         try:
             grammar = llguidance.grammar_from(self.kind, self.source)
         except (ValueError, TypeError) as e:
-            raise InvalidGrammarError(f"{self.kind} grammar: {e}") from None
+            raise InvalidGrammarError(f"{self.kind} grammar: {clip(str(e))}") from None
         error = llguidance.LLMatcher.validate_grammar(grammar)
         if error:
-            raise InvalidGrammarError(f"{self.kind} grammar: {error.splitlines()[0]}")
+            raise InvalidGrammarError(f"{self.kind} grammar: {clip(error.splitlines()[0])}")
         return grammar
 
 
@@ -164,8 +164,9 @@ class Constraint:
     def __init__(self, grammar: Grammar, backend: Backend) -> None:
         self._tok = _tokenizer(backend)
         self._matcher = llguidance.LLMatcher(self._tok, grammar.definition, log_level=0)
+        self._kind = grammar.kind
         if self._matcher.is_error():
-            raise InvalidGrammarError(f"{grammar.kind} grammar: {self._matcher.get_error().splitlines()[0]}")
+            raise InvalidGrammarError(f"{grammar.kind} grammar: {clip(self._matcher.get_error().splitlines()[0])}")
         self._eos_ids = frozenset(backend.eos_ids)
         self._end = self._tok.eos_token
         self._n = backend.n_tokens
@@ -181,7 +182,7 @@ class Constraint:
     def commit(self, token: int) -> None:
         """The output grew by token (drawn from a restricted row: the grammar allows it)."""
         if not self._matcher.consume_token(self._mapped(token)):
-            raise RuntimeError(f"committed token {token} is outside the grammar: {self._matcher.get_error()}")
+            raise self._failure(f"committed token {token}")
         self.output += 1
         self._masks.clear()
 
@@ -227,9 +228,9 @@ class Constraint:
             if t in self._eos_ids or self._matcher.is_stopped():
                 break
             if not self._matcher.consume_token(int(t)):
-                error = self._matcher.get_error()
+                failure = self._failure("a drafted prefix (it must have been cut)")
                 self._matcher.rollback(consumed)
-                raise RuntimeError(f"a drafted prefix left the grammar (it must have been cut): {error}")
+                raise failure
             consumed += 1
         return consumed
 
@@ -250,6 +251,19 @@ class Constraint:
             self._matcher.rollback(consumed)
         return out
 
+    def _failure(self, what: str) -> Exception:
+        """The matcher's error after `what` failed to consume: a token outside the grammar is
+        this engine's bug (a RuntimeError: tokens are drawn from restricted rows, drafts cut);
+        any other error is the grammar engine's limit on this grammar (an Earley row of too
+        many items, ...), the request's fault: InvalidGrammarError, a 400. Either message
+        quotes the error's first line, clipped (the rest is the matcher's state: kilobytes)."""
+        error = self._matcher.get_error()
+        first = clip(error.splitlines()[0]) if error else "no error given"
+        if "doesn't satisfy the grammar" in first:
+            return RuntimeError(f"{what} is outside the grammar: {first}")
+        return InvalidGrammarError(f"{self._kind} grammar: beyond the grammar engine's limits after {self.output} "
+                                   f"output tokens: {first}")
+
     def _mask(self) -> np.ndarray:
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[: self._n].astype(bool)
@@ -260,6 +274,8 @@ class Constraint:
             # the grammar needs next (a real one has every byte). llguidance would offer the end.
             raise InvalidGrammarError(f"the grammar allows no token of the vocabulary after {self.output} output "
                                       f"tokens: no token spells what it needs next")
+        if self._matcher.is_error():
+            raise self._failure("the mask")
         if self._end < len(bits) * 8 and (bits[self._end // 8] >> (self._end % 8)) & 1:
             allowed[list(t for t in self._eos_ids if t < self._n)] = True
         return allowed

@@ -358,10 +358,11 @@ class BatchScheduler:
             if chunk:
                 continue
             try:
-                a.pending = a.steps.send(logits)
-            except StopIteration as done:
-                self._end_cycle(rid, a, done.value, events)
-            except Exception as exc:  # noqa: BLE001
+                try:
+                    a.pending = a.steps.send(logits)
+                except StopIteration as done:
+                    self._end_cycle(rid, a, done.value, events)
+            except Exception as exc:  # noqa: BLE001 - its own failure (a cycle's or a commit's) fails it alone
                 self._fail(rid, a, exc, events)
         return seconds
 
