@@ -269,6 +269,11 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--max-body-bytes", type=int, help="Largest request body; a larger one is refused before it is read (default 4 MiB).")
 @click.option("--allowed-hosts", help="Comma-separated Host names served, '*' for any (default: loopback names when "
                                       "bound to loopback, else any).")
+@click.option("--header-timeout", type=float, help="Seconds a request's headers may take to arrive (default 10); "
+                                                   "then 408 and the connection is closed.")
+@click.option("--body-timeout", type=float, help="Seconds a request's body may take after its headers (default 30).")
+@click.option("--keep-alive-timeout", type=float, help="Seconds an idle kept-alive connection stays open (default 5).")
+@click.option("--max-connections", type=int, help="Connections open at once; one more gets a 503 (default 512).")
 @click.option("--exact", is_flag=True, default=None,
               help="Exact kernels for llama.cpp models: greedy output of every chain equals the target alone's bit for bit "
                    "(a one-token forward then costs a four-token one; docs/bit-exact.md).")
@@ -295,33 +300,21 @@ def _summary(r: GenerationResult) -> str:
 @_gpu_layers_option
 @_profile_option
 @_cache_option
-def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, threads, device, max_batch, prefix_cache, max_queue,
-              max_tokens, request_timeout, shutdown_timeout, stall_seconds, host, port, api_key, memory, memory_tokens,
-              max_body_bytes, allowed_hosts, exact, prefill_share, max_prompt_tokens, cors_origins, served_model_name,
-              ray_enabled, ray_address, replicas, min_replicas, max_replicas, target_ongoing_requests,
-              ray_sync_seconds, affinity_slack, gpu_layers, profile_file, cache_dir) -> None:
+def serve_cmd(config_file, models, draft_lengths, gpu_layers, allowed_hosts, cors_origins, served_model_name,
+              profile_file, **options) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra; --ray also the `ray` extra)."""
     try:
         from specrouter.server.config import load_config
         from specrouter.server.run import serve
     except ImportError as exc:
         raise InvalidParameterError(f"`specrouter serve` needs the serve extra (pip install 'specrouter[serve]'): {exc}") from None
+    ray = {name: options.pop(flag) for flag, name in _RAY_FLAGS.items()}
     config = load_config(
         config_file,
         models=parse_chain(models) if models else None,
         draft_lengths=parse_draft_lengths(draft_lengths, 0) if draft_lengths else None,
-        target=target, chain=chain, lookup=lookup, n_ctx=n_ctx, threads=threads, device=device,
-        gpu_layers=list(gpu_layers) or None, max_batch=max_batch, prefix_cache=prefix_cache,
-        max_queue=max_queue, max_tokens=max_tokens, request_timeout=request_timeout,
-        shutdown_timeout=shutdown_timeout, stall_seconds=stall_seconds, host=host, port=port, api_key=api_key,
-        memory=memory, memory_tokens=memory_tokens, max_body_bytes=max_body_bytes,
-        allowed_hosts=_names(allowed_hosts), exact=exact, prefill_share=prefill_share,
-        max_prompt_tokens=max_prompt_tokens, cors_origins=_names(cors_origins),
-        served_model_name=_names(served_model_name), profile=profile_file, cache_dir=cache_dir,
-        ray=dict(enabled=ray_enabled, address=ray_address, replicas=replicas, min_replicas=min_replicas,
-                 max_replicas=max_replicas, target_ongoing_requests=target_ongoing_requests,
-                 sync_seconds=ray_sync_seconds, affinity_slack=affinity_slack),
-    )
+        gpu_layers=list(gpu_layers) or None, allowed_hosts=_names(allowed_hosts), cors_origins=_names(cors_origins),
+        served_model_name=_names(served_model_name), profile=profile_file, ray=ray, **options)
     if config.ray.enabled:
         try:
             from specrouter.fleet.deploy import serve_fleet
@@ -331,6 +324,13 @@ def serve_cmd(config_file, models, target, chain, draft_lengths, lookup, n_ctx, 
         serve_fleet(config)
         return
     serve(config)
+
+
+#: The serve flags of the [ray] table: flag parameter -> its field there.
+_RAY_FLAGS = {"ray_enabled": "enabled", "ray_address": "address", "replicas": "replicas",
+              "min_replicas": "min_replicas", "max_replicas": "max_replicas",
+              "target_ongoing_requests": "target_ongoing_requests", "ray_sync_seconds": "sync_seconds",
+              "affinity_slack": "affinity_slack"}
 
 
 def _names(flag: str | None) -> list[str] | None:

@@ -94,6 +94,12 @@ class ServeConfig(BaseModel):
                                                                       "before it is read in full)")
     allowed_hosts: list[str] | None = Field(None, description="Host header names served (\"*\": any; default: the "
                                                               "loopback names when bound to loopback, else any)")
+    header_timeout: float = Field(10.0, gt=0, description="seconds a request's headers may take to arrive (from the "
+                                                          "connection or the previous response); then 408 and closed")
+    body_timeout: float = Field(30.0, gt=0, description="seconds a request's body may take to arrive after its "
+                                                        "headers; then 408 and closed")
+    keep_alive_timeout: float = Field(5.0, gt=0, description="seconds an idle kept-alive connection stays open")
+    max_connections: int = Field(512, ge=1, description="connections open at once; one more gets a 503 and is closed")
     memory: Literal["per-key", "shared", "off"] = Field(
         "per-key", description="the cross-request suffix memory of the suffix lookup: requests read and feed the "
                                "texts of requests with the same API key (per-key), of all (shared), or none (off)")

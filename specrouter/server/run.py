@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import click
+import uvicorn
 
 from specrouter.backends.base import Backend
 from specrouter.engine.batch import BatchScheduler, pool_planner
@@ -14,6 +15,7 @@ from specrouter.engine.prefix_cache import PrefixCache
 from specrouter.pool import Pool
 from specrouter.router import Router, auto_router
 from specrouter.server.config import ServeConfig
+from specrouter.server.connections import ConnectionLimits
 from specrouter.server.service import Service
 
 
@@ -56,9 +58,16 @@ def build_engine(config: ServeConfig) -> Iterator[Engine]:
         pool.close()
 
 
-def serve(config: ServeConfig) -> None:
-    import uvicorn  # the serve extra: imported only by this command
+def uvicorn_config(app, config: ServeConfig, **options) -> uvicorn.Config:
+    """uvicorn's configuration of a server: its address, and what a connection may hold
+    (server/connections.py); `options`: more of uvicorn.Config's (tests set the port)."""
+    limits = ConnectionLimits(config.header_timeout, config.body_timeout, config.keep_alive_timeout,
+                              config.max_connections)
+    return uvicorn.Config(app, **{"host": config.host, "port": config.port, "http": limits.protocol(),
+                                  "timeout_keep_alive": limits.keep_alive_seconds, **options})
 
+
+def serve(config: ServeConfig) -> None:
     from specrouter.server.app import create_app
     from specrouter.server.drain import FLUSH_SECONDS, DrainingServer
 
@@ -66,9 +75,8 @@ def serve(config: ServeConfig) -> None:
         service = engine.service
         try:
             app = create_app(service, config)
-            uvicorn_config = uvicorn.Config(app, host=config.host, port=config.port,
-                                            timeout_graceful_shutdown=FLUSH_SECONDS)
-            DrainingServer(uvicorn_config, service, config.shutdown_timeout).run()
+            DrainingServer(uvicorn_config(app, config, timeout_graceful_shutdown=FLUSH_SECONDS), service,
+                           config.shutdown_timeout).run()
         finally:
             service.stop()  # a forced exit skips the app's shutdown: the worker must end before the models close
         engine.router.save_estimates()  # what this run learned about acceptance informs the next one

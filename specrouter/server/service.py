@@ -22,7 +22,7 @@ from typing import Protocol, TypeVar
 from specrouter.backends.base import Backend
 from specrouter.engine.batch import BatchScheduler, Delta, Event, Failed, Finished, SeqRequest
 from specrouter.engine.request import GenerationResult
-from specrouter.errors import SpecRouterError
+from specrouter.errors import SpecRouterError, log_failure
 from specrouter.server.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ class Service:
         try:
             events = self.scheduler.step()
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, the server goes on
-            log.exception("scheduler step failed")
+            log_failure(log, "scheduler step failed", exc)
             events = [Failed(rid, exc) for rid in self._handles]
             self.scheduler.close()
         ended = sum(not isinstance(e, Delta) for e in events)

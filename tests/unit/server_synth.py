@@ -29,7 +29,7 @@ from specrouter.errors import UnknownModelError
 from specrouter.server.app import create_app
 from specrouter.server.config import ServeConfig
 from specrouter.server.drain import DrainingServer
-from specrouter.server.run import Engine
+from specrouter.server.run import Engine, uvicorn_config
 from specrouter.server.service import Service
 
 from .router_synth import linear, make_router
@@ -135,8 +135,9 @@ def running_server(service: Service, graceful: float = 5.0, drain: float = 5.0,
     """Start the server as `specrouter serve` runs it (DrainingServer: `drain` seconds for
     requests in flight on shutdown, then `graceful` for the last responses) on 127.0.0.1 (a
     free port) in a thread; yields (base url, server)."""
-    app = create_app(service, ServeConfig(**{"models": MODELS, **config}))
-    server = DrainingServer(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+    serve_config = ServeConfig(**{"models": MODELS, **config})
+    app = create_app(service, serve_config)
+    server = DrainingServer(uvicorn_config(app, serve_config, host="127.0.0.1", port=0, log_level="warning",
                                            timeout_graceful_shutdown=graceful), service, drain)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

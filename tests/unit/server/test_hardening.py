@@ -186,11 +186,11 @@ def test_a_prompt_over_max_prompt_tokens_is_a_400_and_one_over_the_character_bou
 
 def test_the_character_bound_is_the_vocabularys_longest_token():
     from specrouter.errors import PromptTooLongError
-    from specrouter.server.app import PromptLimit
+    from specrouter.server.limits import PromptLimit
 
     model = _Specials("m", vocab=256, n_ctx=64)
     limit = PromptLimit.of(model, None)
-    assert limit == PromptLimit(63, max(len(t) for t in model.vocab_texts()))
+    assert limit == PromptLimit(63, max(len(t) for t in model.vocab_texts()), 64)
     limit.check_text(["x" * (63 * limit.chars_per_token)])
     with pytest.raises(PromptTooLongError, match="no token spells more than"):
         limit.check_text(["x" * (63 * limit.chars_per_token), "y"])
