@@ -7,8 +7,8 @@ replicas each own a pool, a router and a BatchScheduler with its worker thread, 
 replica as one stream (all its choices), routed by AffinityRouter. An actor, the fleet
 (FleetKnowledge), pools what the replicas learn: each pushes a Report every
 sync_seconds and a starting replica seeds its router from the pooled estimates. The
-driver seeds the fleet from its saved estimates and saves the pooled ones on exit, as the
-single-process server does.
+driver seeds the fleet from its saved estimates and, on exit, merges what the replicas
+learned into that file, as the single-process server does.
 
 Faults: a replica that dies mid-request ends its requests with ReplicaLostError (remote.py);
 Ray Serve restarts it (its health check also fails when its scheduler's worker died); a
@@ -41,6 +41,7 @@ from specrouter.fleet.metrics import fleet_exposition
 from specrouter.fleet.remote import Admitted, ChoiceItem, RemoteService
 from specrouter.fleet.replica import EngineBuild, PoolBuild
 from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.learned import save_estimates
 from specrouter.router.profiler import cpu_model, default_profile_dir, install_profiles, profile_files
 from specrouter.router.store import RouterStore
 from specrouter.server.app import create_app
@@ -118,9 +119,9 @@ class EngineReplica:
         self._reporter.start()
 
     def report(self) -> Report:
-        service = self.engine.service
-        return Report(self.name, self._node, self.engine.router.acceptance.snapshot(),
-                      service.metrics.exposition(), service.alive)
+        service, acceptance = self.engine.service, self.engine.router.acceptance
+        return Report(self.name, self._node, acceptance.snapshot(), service.metrics.exposition(), service.alive,
+                      learned=acceptance.learned())
 
     def _report_loop(self) -> None:
         while True:
@@ -247,10 +248,12 @@ class StartInterrupted(Exception):
 
 
 def save_fleet(fleet: ray.actor.ActorHandle, store: RouterStore) -> None:
-    """The pooled estimates into `store` (what the next run, fleet or not, starts from)."""
-    estimates = AcceptanceEstimator()
-    estimates.seed(ray.get(fleet.priors.remote()))
-    estimates.save(store.estimates_file)
+    """What the fleet's replicas learned, merged into `store`'s file as one process's save
+    merges (router/learned.py: pooled with what is on disk now, under its lock; a file with
+    no readable table is replaced by the pooled priors). The next run, fleet or not, starts
+    from it."""
+    learned, priors = ray.get([fleet.learned.remote(), fleet.priors.remote()])
+    save_estimates(store.estimates_file, learned, priors)
 
 
 def drain_fleet(grace: float, name: str = APP_NAME) -> None:

@@ -8,11 +8,17 @@ state never leaves its replica.
 Pooling the estimates: each replica's report replaces its previous one (a report is that
 replica's whole global table, not an increment), and the priors of a pair are the
 count-weighted mean of the latest reports that have it, with the summed count capped at
-PERSIST_CAP, as a loaded file is (acceptance.py): enough to start informed, little enough
-for the replica's own data to move it. A replica seeded from the priors reports counts that
-include them; the cap keeps that from compounding into certainty. Reports of replicas that
-died stay (what they learned is not lost with them); metrics and liveness count only the
-replicas heard from within `stale_seconds`.
+PERSIST_CAP (router/learned.py's pooling, as a loaded file is): enough to start informed,
+little enough for the replica's own data to move it. A replica seeded from the priors
+reports counts that include them; the cap keeps that from compounding into certainty.
+Reports of replicas that died stay (what they learned is not lost with them); metrics and
+liveness count only the replicas heard from within `stale_seconds`.
+
+What the fleet learned (learned()): a report also carries the scores its replica observed
+itself (AcceptanceEstimator.learned(), cumulative since the replica started, so it too
+replaces the previous one); those of all replicas are disjoint, so they pool with counts
+added and no cap. That, not the priors (which hold the file the fleet was seeded from), is
+what the fleet's save merges into the file (deploy.save_fleet, router/learned.py).
 
 Cost profiles: a replica that measured its models (router/profiler.py, under the node's
 folder lock, so replicas of one node measure one at a time) shares the cached files per CPU
@@ -24,12 +30,12 @@ node is measured again there.
 
 from __future__ import annotations
 
+import math
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from specrouter.router.acceptance import PERSIST_CAP, PairEstimate
+from specrouter.router.learned import PairEstimate, pool_estimates
 
 
 @dataclass(frozen=True)
@@ -45,19 +51,8 @@ class Report:
     metrics: bytes = b""
     #: Whether its service is serving (worker alive, not draining).
     alive: bool = True
-
-
-def pool_estimates(tables: Iterable[Iterable[PairEstimate]]) -> list[PairEstimate]:
-    """The count-weighted mean per (mode, proposer, verifier) over the tables, its count the
-    sum capped at PERSIST_CAP (see the module docstring)."""
-    sums: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for table in tables:
-        for e in table:
-            if e.count > 0:
-                acc = sums[(e.mode, e.proposer, e.verifier)]
-                acc[0] += e.mean * e.count
-                acc[1] += e.count
-    return [PairEstimate(*key, total / count, min(count, PERSIST_CAP)) for key, (total, count) in sorted(sums.items())]
+    #: The scores it observed itself since it started (AcceptanceEstimator.learned()).
+    learned: list[PairEstimate] = field(default_factory=list)
 
 
 class FleetKnowledge:
@@ -80,6 +75,10 @@ class FleetKnowledge:
     def priors(self) -> list[PairEstimate]:
         """What a replica starting now seeds its router with."""
         return pool_estimates([self._seed, *(r.estimates for r in self._reports.values())])
+
+    def learned(self) -> list[PairEstimate]:
+        """The scores every replica observed itself, pooled uncapped (see the module docstring)."""
+        return pool_estimates((r.learned for r in self._reports.values()), cap=math.inf)
 
     def live(self) -> list[Report]:
         """The latest report of each replica heard from within stale_seconds, by replica name."""

@@ -67,16 +67,15 @@ bounded probes, whose measured extra cost is capped at a fraction of generation 
 
 from __future__ import annotations
 
-
-import json
 import math
-import os
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from specrouter.cascade.rows import ops_of
+from specrouter.router.learned import PERSIST_CAP, PairEstimate, read_estimates, save_estimates
 
 #: Acceptance assumed for an unobserved pair with no triangle bound: below the ~0.8 a
 #: same-family draft typically reaches (reference notes: 0.81 greedy), so drafts are
@@ -87,9 +86,6 @@ SHRINK = 8.0
 ALPHA_REQUEST = 0.1  # per position: ~10 positions (a few cycles) of memory
 ALPHA_GLOBAL = 0.01
 WINDOW, VAR_ALPHA, MIN_JUMP = 6, 0.02, 0.15  # change detection of per-request estimates
-PERSIST_CAP = 200.0  # a loaded global count is capped so new data can still move it
-#: Version of the saved estimates: 2 = blocks scored up to their first rejection.
-ESTIMATES_FORMAT = 2
 #: Scores after which the tracked variance of a global estimate replaces the bound a (1 - a).
 MIN_VARIANCE_COUNT = 10
 #: Pseudo-scores at the prior that a global mean is weighed against in the cautious rate.
@@ -147,6 +143,14 @@ class Estimate:
                     self.recent.clear()
 
 
+class Tally(NamedTuple):
+    """Scores a process observed itself for one global estimate: their sum and number (an
+    immutable pair, replaced whole, so another thread reads a consistent one)."""
+
+    total: float = 0.0
+    count: int = 0
+
+
 def _seeded(mean: float, count: float) -> Estimate:
     """An estimate known by its mean and count only (persisted, or set by a test): its score
     variance starts at the bound mean (1 - mean), and observations refine it."""
@@ -188,6 +192,8 @@ class AcceptanceEstimator:
         self.global_: dict[tuple[str, str, str], Estimate] = {}
         self.request: dict[tuple[str, str], Estimate] = {}
         self.fill_: dict[tuple[str, str], Estimate] = {}  # proposals given / asked, per pair
+        #: Per global key, the scores observed here since the estimator was built or last saved.
+        self.tallies: dict[tuple[str, str, str], Tally] = {}
         self.position = 0.0  # tokens committed in this request: the clock of staleness
         self._observed: set[tuple[str, str]] = set()  # request pairs observed since the last advance
 
@@ -195,9 +201,10 @@ class AcceptanceEstimator:
         """An estimator for one of several concurrent requests, built afresh: its own
         per-request estimates, mode and position; the same global estimates and the same fill
         table (how much of what is asked a proposer gives: a property of the pair, learned
-        across requests, never reset per request), so every request teaches every other."""
+        across requests, never reset per request), so every request teaches every other; the
+        same tallies of what was learned (learned())."""
         twin = AcceptanceEstimator(self.default, self.shrink)
-        twin.global_, twin.fill_ = self.global_, self.fill_
+        twin.global_, twin.fill_, twin.tallies = self.global_, self.fill_, self.tallies
         return twin
 
     def start_request(self, greedy: bool) -> None:
@@ -229,7 +236,11 @@ class AcceptanceEstimator:
                 min(len(proposals), requested) / requested, ALPHA_REQUEST)
 
     def observe_scores(self, proposer: str, verifier: str, scores: Sequence[float]) -> None:
-        g = self.global_.setdefault((self.mode, proposer, verifier), Estimate())
+        key = (self.mode, proposer, verifier)
+        g = self.global_.setdefault(key, Estimate())
+        if len(scores):
+            t = self.tallies.get(key, Tally())
+            self.tallies[key] = Tally(t.total + float(sum(scores)), t.count + len(scores))
         r = self.request.setdefault((proposer, verifier), Estimate())
         # Observed again after sitting out: what aged stays aged (its count is the discounted
         # one from now on), so the new data outweighs the stretch that sent the pair out,
@@ -370,7 +381,8 @@ class AcceptanceEstimator:
         return f.mean if f and f.count else 1.0
 
     # Persistence: global estimates survive the process (a file), or are shared by the
-    # replicas of a fleet (specrouter.fleet): both carry snapshot() and take it back with seed().
+    # replicas of a fleet (specrouter.fleet): both carry snapshot() and take it back with seed();
+    # what is merged into the file (learned.py) is learned(), this process's own scores.
     def snapshot(self) -> list[PairEstimate]:
         """The global estimates with data. Safe to call from another thread than the one
         observing (the fleet's sync thread): the table is copied in one step."""
@@ -384,25 +396,25 @@ class AcceptanceEstimator:
             if 0.0 <= e.mean <= 1.0 and e.count > 0:
                 self.global_[(e.mode, e.proposer, e.verifier)] = _seeded(e.mean, min(e.count, PERSIST_CAP))
 
+    def learned(self) -> list[PairEstimate]:
+        """What this process observed itself since it started or last saved, per global estimate:
+        the plain mean and the number of its scores (neither what it loaded nor what it was
+        seeded with). What save() merges into the file (learned.py); a fleet's replicas
+        report it for the fleet's save. Safe from another thread, as snapshot()."""
+        return [PairEstimate(*k, t.total / t.count, float(t.count)) for k, t in list(self.tallies.items()) if t.count]
+
     def save(self, file: Path) -> None:
-        data = {"format": ESTIMATES_FORMAT, "estimates": {e.key: [e.mean, e.count] for e in self.snapshot()}}
-        try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = file.with_name(file.name + ".tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, file)
-        except OSError:
-            pass  # losing the estimates only costs a slower start next time
+        """Merge learned() into the file (learned.save_estimates: under its lock, pooled with
+        what is on disk now, atomically; a file with no readable table is replaced by
+        snapshot()). Once written, the tallies restart: what they held is on disk, and a later
+        save must not add it again. Call it when no observation runs (at exit)."""
+        if save_estimates(file, self.learned(), self.snapshot()):
+            self.tallies.clear()
 
     def load(self, file: Path) -> None:
-        try:
-            data = json.loads(Path(file).read_text())
-            if data.get("format") != ESTIMATES_FORMAT:
-                return  # scored another way (before: every position of a block): start from the priors
-            self.seed([PairEstimate(*key.split("|"), float(mean), float(count))
-                       for key, (mean, count) in data["estimates"].items()])
-        except (OSError, ValueError, TypeError, AttributeError, KeyError):
-            pass  # absent or damaged: start from the priors
+        """Seed from the file (absent, damaged or of another format: start from the priors).
+        What it held is never counted as learned here: only observe_scores() tallies."""
+        self.seed(read_estimates(Path(file)) or [])
 
 
 @dataclass(frozen=True)
@@ -413,19 +425,3 @@ class EstimateTable:
     cautious: dict[tuple[str, str], float]
     bold: dict[tuple[str, str], float]
     count: dict[tuple[str, str], float]
-
-
-@dataclass(frozen=True)
-class PairEstimate:
-    """One global estimate as it leaves the process: the pair's rate under one mode
-    ("greedy" or "sampled") and the scores it rests on."""
-
-    mode: str
-    proposer: str
-    verifier: str
-    mean: float
-    count: float
-
-    @property
-    def key(self) -> str:
-        return f"{self.mode}|{self.proposer}|{self.verifier}"

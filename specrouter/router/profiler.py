@@ -34,6 +34,7 @@ from specrouter.backends.base import Backend
 from specrouter.drafters import MODEL_FREE
 from specrouter.errors import BackendError, InvalidParameterError
 from specrouter.router.costs import LONG_CONTEXT, PROFILED_CONTEXT, CostProfile, OnlineCosts
+from specrouter.router.persist import locked, write_atomic
 
 #: Timed sizes: dense where the cost curve bends (small n), sparse above, where they are
 #: the verification forwards (k + 1 tokens) of the router's coarse draft lengths
@@ -385,7 +386,7 @@ def install_profiles(directory: Path, files: dict[str, str]) -> list[str]:
             file = directory / Path(name).name  # a bare name: nothing outside the folder
             if not file.exists():
                 try:
-                    file.write_text(text)
+                    write_atomic(file, text)
                     written.append(file.name)
                 except OSError:
                     pass
@@ -503,7 +504,12 @@ def save_refined(costs: OnlineCosts, backends: Iterable[Backend], directory: Pat
     """Write the tables of the models whose profile the timed forwards replaced
     (OnlineCosts.refitted) to their cache files, so that the next process starts from what
     this one timed; their batched tables are dropped (measured again when next needed).
-    Returns the models written, with the factor their profile was off by."""
+    Returns the models written, with the factor their profile was off by.
+
+    Two processes that save one model's table: the last one written wins, whole (_write).
+    Tables are not merged: a table is the medians of one sitting's timings, each consistent
+    with the machine's state then, and carries no count to weigh it by; an average of two
+    would describe neither sitting, and the next process refits whatever it starts from."""
     saved = {}
     for backend in backends:
         factor = costs.refitted.get(backend.name)
@@ -511,8 +517,8 @@ def save_refined(costs: OnlineCosts, backends: Iterable[Backend], directory: Pat
         if factor is None or table is None or implausible(table):
             continue
         _write(_cache_file(directory, backend), {"format": _FORMAT, "key": profile_key(backend),
-                                                 "table": {str(n): s for n, s in table.items()}})
-        _cache_file(directory, backend, ".batch").unlink(missing_ok=True)
+                                                 "table": {str(n): s for n, s in table.items()}},
+               drop=_cache_file(directory, backend, ".batch"))
         saved[backend.name] = factor
     return saved
 
@@ -539,13 +545,16 @@ def read_profile(file: Path) -> CostProfile:
     return profile
 
 
-def _write(file: Path, data: dict) -> None:
+def _write(file: Path, data: dict, drop: Path | None = None) -> None:
+    """Replace a profile file, and remove `drop` (a table measured against the one replaced),
+    under the file's inter-process lock, atomically (persist.py: a reader never sees half a
+    profile, two writers never share a temporary file); the last writer wins."""
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_name(file.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, file)  # atomic: a crash never leaves a half-written profile
-    except OSError as exc:
+        with locked(file):
+            write_atomic(file, json.dumps(data, indent=1))
+            if drop is not None:
+                drop.unlink(missing_ok=True)
+    except OSError as exc:  # a folder that cannot be written, or a lock not had in time
         warnings.warn(f"could not save profile {file}: {exc}", stacklevel=2)
 
 

@@ -26,8 +26,10 @@ class RouterStore:
         return self.directory / "acceptance.json"
 
     def save(self, acceptance: AcceptanceEstimator, costs: OnlineCosts) -> None:
-        """The global estimates, and the refined table of every profiled model whose timed
-        forwards disagree with its profile (profiler.save_refined), with a warning each."""
+        """The global estimates, merged into the file with what other processes saved there
+        (AcceptanceEstimator.save), and the refined table of every profiled model whose timed
+        forwards disagree with its profile (profiler.save_refined: the last table written
+        wins), with a warning each."""
         acceptance.save(self.estimates_file)
         for name, factor in save_refined(costs, self.profiled, self.directory).items():
             warnings.warn(f"the cached profile of {name} was {1 / factor:.2g}x what its timed forwards took: "

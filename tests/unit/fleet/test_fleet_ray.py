@@ -15,7 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
 from specrouter.errors import ModelFileError
-from specrouter.fleet.deploy import APP_NAME, FleetStartError, drain_fleet, start_fleet
+from specrouter.fleet.deploy import APP_NAME, FleetStartError, drain_fleet, save_fleet, start_fleet
+from specrouter.router.learned import PERSIST_CAP
+from specrouter.router.store import RouterStore
 from specrouter.server.config import RayConfig, ServeConfig
 
 from ..server.test_robustness import error_of, sse_data
@@ -146,6 +148,25 @@ def test_a_session_stays_on_one_replica_and_metrics_carry_the_replica(fleet, cli
     after = settled_successes(url)
     assert len(after) == 2
     assert sorted(after[r] - before.get(r, 0) for r in after) == [0, 6]
+
+
+def test_on_exit_the_fleet_merges_what_its_replicas_learned_into_the_file(fleet, tmp_path):
+    """save_fleet pools the replicas' own scores with the file as it is now: a pair another
+    process saved there while the fleet ran stays."""
+    knowledge = fleet[1]
+    learned = wait_for(lambda: ray.get(knowledge.learned.remote()))
+    while True:  # settled: the replicas' latest reports hold every request served so far
+        time.sleep(4 * SYNC)
+        now = ray.get(knowledge.learned.remote())
+        if now == learned:
+            break
+        learned = now
+    file = tmp_path / "acceptance.json"
+    file.write_text(json.dumps({"format": 2, "estimates": {"greedy|elsewhere|target": [0.5, 8]}}))
+    save_fleet(knowledge, RouterStore(tmp_path))
+    saved = json.loads(file.read_text())["estimates"]
+    assert saved.pop("greedy|elsewhere|target") == [0.5, 8.0]
+    assert saved == {e.key: [pytest.approx(e.mean), min(e.count, PERSIST_CAP)] for e in learned}
 
 
 def test_replica_death_ends_its_requests_cleanly_others_go_on_and_the_restart_starts_informed(fleet, client):

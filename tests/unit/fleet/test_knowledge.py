@@ -9,7 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from specrouter.fleet.affinity import affinity_ranks, rendezvous_order
 from specrouter.fleet.knowledge import FleetKnowledge, Report, pool_estimates
 from specrouter.fleet.metrics import fleet_exposition
-from specrouter.router.acceptance import PERSIST_CAP, AcceptanceEstimator, PairEstimate
+from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.learned import PERSIST_CAP, PairEstimate
 from specrouter.server.metrics import Metrics
 
 
@@ -42,6 +43,16 @@ def test_liveness_counts_recent_serving_replicas_and_dead_ones_keep_their_estima
     now[0] = 4.0  # a last heard 4 s ago
     assert [r.replica for r in fleet.live()] == ["b"] and fleet.serving() == 1
     assert fleet.priors() == [pair(0.9, 10)]  # what a learned outlives it
+
+
+def test_what_the_replicas_learned_pools_uncapped_and_a_report_replaces_its_previous_one():
+    fleet = FleetKnowledge(seed=[pair(0.4, 20)])  # the file the fleet started from: not learned here
+    fleet.push(Report("a", learned=[pair(1.0, 100)]))
+    fleet.push(Report("a", learned=[pair(1.0, 150), pair(0.5, 2, proposer="mid")]))  # cumulative: replaces
+    fleet.push(Report("b", learned=[pair(0.0, 50)]))
+    assert fleet.learned() == [pair(0.5, 2, proposer="mid"), pair(0.75, 200)]
+    fleet.push(Report("b", learned=[pair(0.0, 150)]))  # the sum passes PERSIST_CAP: not capped
+    assert fleet.learned() == [pair(0.5, 2, proposer="mid"), pair(0.5, 300)]
 
 
 def test_estimates_seeded_from_a_snapshot_round_trip_with_the_cap():
