@@ -4,11 +4,13 @@ keeps non-ASCII text and key order)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from datetime import datetime
 from typing import Any
 
+from jinja2 import Template
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -31,6 +33,16 @@ def _tojson(value: Any, indent: int | None = None, separators=None, sort_keys: b
     return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str) -> Template:
+    """The template compiled (once per template text: compiling costs more than rendering)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
 def supports_tools(model: Backend) -> bool:
     """Whether the model's chat template renders `tools` (Qwen's do; ChatML alone does not)."""
     return "tools" in (model.chat_template or CHATML)
@@ -48,12 +60,8 @@ def render_chat(model: Backend, messages: list[dict[str, Any]], tools: list[dict
         raise ChatTemplateError(f"the chat template of {model.name} does not support tools")
     if "developer" not in template:
         messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(template).render({
+        return _compiled(template).render({
             **(variables or {}),
             "messages": messages,
             "tools": tools or None,
