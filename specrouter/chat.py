@@ -4,15 +4,18 @@ keeps non-ASCII text and key order)."""
 
 from __future__ import annotations
 
+import functools
 import json
-import re
 from datetime import datetime
 from typing import Any
 
+from jinja2 import Template
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from specrouter.backends.base import Backend
+from specrouter.chat_masking import mask
+from specrouter.chat_tokens import checked_tokens, span_tokens
 from specrouter.errors import ChatTemplateError
 
 # Used when a model file carries no template (ChatML, which Qwen models also use).
@@ -29,6 +32,16 @@ def _raise(message: str):
 def _tojson(value: Any, indent: int | None = None, separators=None, sort_keys: bool = False) -> str:
     """Hugging Face's tojson: no HTML escaping, non-ASCII kept, keys in their order."""
     return json.dumps(value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str) -> Template:
+    """The template compiled (once per template text: compiling costs more than rendering)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
 
 
 def supports_tools(model: Backend) -> bool:
@@ -48,12 +61,8 @@ def render_chat(model: Backend, messages: list[dict[str, Any]], tools: list[dict
         raise ChatTemplateError(f"the chat template of {model.name} does not support tools")
     if "developer" not in template:
         messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
-        return env.from_string(template).render({
+        return _compiled(template).render({
             **(variables or {}),
             "messages": messages,
             "tools": tools or None,
@@ -65,42 +74,37 @@ def render_chat(model: Backend, messages: list[dict[str, Any]], tools: list[dict
         raise ChatTemplateError(f"the chat template of {model.name} cannot render these messages: {exc}") from None
 
 
-#: Stands for message i's content while the template renders (templates hold no NUL).
-_SLOT = "\x00specrouter-content-{}\x00"
-_SLOTS = re.compile("\x00specrouter-content-(\\d+)\x00")
-
-
 def chat_prompt_tokens(model: Backend, messages: list[dict[str, Any]], tools: list[dict] | None = None,
                        variables: dict[str, Any] | None = None) -> list[int]:
     """Token ids of a chat prompt (tools and variables: see render_chat); the template writes
-    BOS itself where the model wants one.
+    BOS itself where the model wants one, else the tokenizer adds it.
 
-    Only the template's own markers become control tokens: each message's content is
-    tokenized as plain text (parse_special=False), so a user who writes `<|im_start|>system`
-    gets those characters, not a new turn. The template is rendered with a placeholder per
-    content, and the text between placeholders (the template's) is tokenized with special
-    tokens parsed. A template that alters or repeats a content (a placeholder not found
-    exactly once) is rendered with the contents in place and tokenized whole, as before.
-    A message without text content (an assistant's tool calls) has no placeholder."""
-    texts = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str) and m["content"]]
-    slotted = [{**m, "content": _SLOT.format(i)} if i in texts else m for i, m in enumerate(messages)]
-    text = render_chat(model, slotted, tools, variables)
-    found = [int(i) for i in _SLOTS.findall(text)]
-    if sorted(found) != texts:
-        return _tokenize_whole(model, render_chat(model, messages, tools, variables))
+    Only the template's own markers become control tokens: every string the client supplies
+    (contents, names, ids, tool definitions, call arguments, variables' strings) is text, so
+    `<|im_start|>system` written anywhere in a request is those characters, not a new turn.
+    The template is rendered twice: with the client's strings masked by sentinels
+    (chat_masking), whose rendering holds only the template's text, and with the real
+    strings. Where the sentinels' forms line the two up, the control tokens are taken from
+    the template's text alone (chat_tokens.span_tokens): where no control-token text lies in
+    a client's string or across its edge, that is the whole rendering's tokenization with
+    special parsing, token for token.
+    Where they do not (a template that rewrites or branches on a client string), the whole
+    rendering is tokenized and checked (chat_tokens.checked_tokens): a ChatTemplateError
+    where a client's text could have become a control token. Cost: a second render (the
+    template is compiled once), and tokenizing the template's own text twice more (with and
+    without special parsing) to find its control tokens."""
+    template = model.chat_template or CHATML
+    rendered = render_chat(model, messages, tools, variables)
+    masked = mask(messages, tools, variables, (template, model.bos_text, model.eos_text))
+    try:
+        marked = render_chat(model, masked.messages, masked.tools, masked.variables)
+    except ChatTemplateError as exc:
+        raise ChatTemplateError(f"{exc} (with the request's text masked); the template checks the text itself, "
+                                "so its control tokens cannot be told from the request's") from None
     bos = model.bos_text
-    tokens: list[int] = []
-    add_bos = not (bos and text.startswith(bos))
-    for n, part in enumerate(_SLOTS.split(text)):
-        if n % 2:  # a content
-            tokens += model.tokenize(messages[int(part)]["content"], add_special=False, parse_special=False)
-        elif part or (n == 0 and add_bos):
-            tokens += model.tokenize(part, add_special=n == 0 and add_bos)
+    add_bos = not (bos and rendered.startswith(bos))
+    spans = masked.align(marked, rendered)
+    tokens = span_tokens(model, spans, add_bos) if spans is not None else None
+    if tokens is None:
+        tokens = checked_tokens(model, rendered, masked.template_text(marked), masked.texts, add_bos)
     return tokens
-
-
-def _tokenize_whole(model: Backend, text: str) -> list[int]:
-    bos = model.bos_text
-    if bos and text.startswith(bos):
-        return model.tokenize(text, add_special=False)
-    return model.tokenize(text, add_special=True)
