@@ -45,6 +45,7 @@ from specrouter.engine.prefix_cache import PrefixCache
 from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
 from specrouter.engine.speculation import Speculation, check_chain
 from specrouter.errors import InvalidParameterError
+from specrouter.router.frozen import FrozenRoutes
 
 
 @dataclass
@@ -267,7 +268,8 @@ class BatchScheduler:
             rid, a = self._waiting.popleft()
             self._active[rid] = a
             try:
-                self.prefix_cache.resume(a.run.state, a.run.context, a.run.target.name, a.cache_partition)
+                if a.run.params.seed is None:  # a seeded request prefills afresh: the same numbers each time
+                    self.prefix_cache.resume(a.run.state, a.run.context, a.run.target.name, a.cache_partition)
             except Exception as exc:  # noqa: BLE001 - a model failed sharing its cells: this request fails alone
                 self._fail(rid, self._active[rid], exc, events)
         for rid, a in list(self._active.items()):
@@ -429,6 +431,8 @@ def pool_planner(pool, target: str, router=None, default: Speculation = Speculat
     (the target alone) or a chain of pool models that must end at the served target
     (check_chain; the HTTP API has checked it against the served levels already)."""
 
+    frozen = FrozenRoutes(router) if router is not None else None
+
     def plan(request: SeqRequest) -> Chain | ChainRouter:
         spec = request.speculation or default
         if spec.mode == "off":
@@ -438,6 +442,8 @@ def pool_planner(pool, target: str, router=None, default: Speculation = Speculat
             return pool.chain(list(spec.chain), list(spec.draft_lengths) or None)
         if router is None:
             return pool.chain([target], [])  # no router configured: auto means the target alone
+        if request.params.seed is not None:
+            return frozen.session()  # routed the same way each time (router/frozen.py)
         return router.session(request.memory)
 
     return plan

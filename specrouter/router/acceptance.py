@@ -67,6 +67,8 @@ bounded probes, whose measured extra cost is capped at a fraction of generation 
 
 from __future__ import annotations
 
+import copy
+
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -196,6 +198,13 @@ class AcceptanceEstimator:
         self.tallies: dict[tuple[str, str, str], Tally] = {}
         self.position = 0.0  # tokens committed in this request: the clock of staleness
         self._observed: set[tuple[str, str]] = set()  # request pairs observed since the last advance
+
+    def copy(self) -> AcceptanceEstimator:
+        """An estimator that starts from this one's global estimates and fill table and
+        shares nothing with it: what it learns stays its own (no tallies to save)."""
+        twin = AcceptanceEstimator(self.default, self.shrink)
+        twin.global_, twin.fill_ = copy.deepcopy(self.global_), copy.deepcopy(self.fill_)
+        return twin
 
     def view(self) -> AcceptanceEstimator:
         """An estimator for one of several concurrent requests, built afresh: its own

@@ -358,6 +358,28 @@ class OnlineCosts:
             self._row[kind] = per_row if old is None else old + self.ROW_ALPHA * (per_row - old)
 
 
+
+class FixedCosts(OnlineCosts):
+    """OnlineCosts that observations do not move: the costs as they stood when copied (the
+    profile and every correction: level, shape, rows, overhead); observe, observe_rows and
+    set_overhead change nothing. A router pricing with these decides from tokens alone, never
+    from clocks (router/frozen.py)."""
+
+    @classmethod
+    def of(cls, costs: OnlineCosts) -> FixedCosts:
+        fixed = cls(costs.profile, costs.overhead_per_forward)
+        fixed._level, fixed._shape, fixed._row = dict(costs._level), dict(costs._shape), dict(costs._row)
+        return fixed
+
+    def observe(self, name: str, n: int, seconds: float, batch: int = 1) -> None:
+        pass
+
+    def observe_rows(self, kind: str, rows: int, seconds: float) -> None:
+        pass
+
+    def set_overhead(self, seconds: float) -> None:
+        pass
+
 def row_kind(params) -> str:
     """What a logits row's Python work depends on: greedy (an argmax), or the warp's filters;
     penalties and a grammar's mask add to either."""

@@ -32,6 +32,13 @@ class AnswerLengths:
         self._lengths: deque[int] = deque(maxlen=window)
         self._lock = threading.Lock()
 
+    def copy(self) -> AnswerLengths:
+        """Another record of answer lengths, starting from this one's."""
+        twin = AnswerLengths(self._lengths.maxlen or WINDOW)
+        with self._lock:
+            twin._lengths.extend(self._lengths)
+        return twin
+
     def record(self, length: int) -> None:
         """A request finished after writing `length` tokens."""
         with self._lock:

@@ -239,6 +239,11 @@ class LengthHints:
     def get(self, names: tuple[str, ...], kind: Rates, cls: str | None) -> tuple[int, ...] | None:
         return self._lengths.get((names, kind, cls))
 
+    def copy(self) -> LengthHints:
+        twin = LengthHints()
+        twin._lengths = dict(self._lengths)
+        return twin
+
     def record(self, plans: dict[tuple[str, ...], Scored], kind: Rates, cls: str | None) -> None:
         for names, scored in plans.items():
             self._lengths[(names, kind, cls)] = scored.spec.draft_lengths

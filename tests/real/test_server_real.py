@@ -153,6 +153,25 @@ def test_choices_share_the_prompt_and_choice_0_is_the_request_alone(server):
     assert len(texts) == 3 and all(texts) and texts[0] == alone
 
 
+def test_a_seeded_request_repeats_whatever_was_served_in_between(server):
+    """The seed contract on the real pool: the same seeded, sampled chat four times, with
+    and without speculation, another turn of the same chat served in between each time
+    (it leaves a prefix cache this request could resume from, text in the cross-request
+    memory, and new estimates): the same text and the same logprobs every time."""
+    client = server[2]
+    messages = [{"role": "user", "content": "Write a haiku about the sea."}]
+    for speculation in ("off", "auto"):
+        answers = set()
+        for i in range(4):
+            r = client.chat.completions.create(model=TARGET, messages=messages, temperature=1.0, seed=1234,
+                                               max_tokens=24, logprobs=True, extra_body={"speculation": speculation})
+            answers.add((r.choices[0].message.content, tuple(t.logprob for t in r.choices[0].logprobs.content)))
+            client.chat.completions.create(model=TARGET, max_tokens=8, messages=[
+                *messages, {"role": "assistant", "content": r.choices[0].message.content},
+                {"role": "user", "content": f"Another, number {i}."}])
+        assert len(answers) == 1, (speculation, answers)
+
+
 def test_sigint_shuts_down_cleanly(server):
     _, proc, _ = server
     proc.send_signal(signal.SIGINT)
