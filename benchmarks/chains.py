@@ -155,7 +155,7 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     corrupt_profile: the target's cached profile there is replaced by a busy machine's
     (corrupt_target_profile) before the router reads it; lookup: auto's model-free drafter
     (one that reads a cross-request memory gets one of the default budget); exact: every
-    llama.cpp model with exact kernels (docs/bit-exact.md), the target alone included."""
+    llama.cpp model with exact kernels (docs/cascade-and-exactness.md), the target alone included."""
     started = time.perf_counter()
     router_dir, router_state = router_start(router_dir)
     phases = {}
@@ -260,7 +260,7 @@ def main() -> None:
     parser.add_argument("--corrupt-profile", action="store_true",
                         help="start the router from a busy machine's profile of the target (the sanity check must catch it)")
     parser.add_argument("--exact", action="store_true",
-                        help="exact kernels for every llama.cpp model (docs/bit-exact.md): greedy identity must be total")
+                        help="exact kernels for every llama.cpp model (docs/cascade-and-exactness.md): greedy identity must be total")
     args = parser.parse_args()
     if args.render is not None:
         result = json.loads(args.render.read_text())

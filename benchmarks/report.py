@@ -39,8 +39,9 @@ def _header(result: dict) -> str:
             + (f" Auto's lookup drafter: {s['lookup']}"
                + (f" (its cross-request memory held {s['memory_tokens']:,} tokens at the end)."
                   if s.get("memory_tokens") is not None else ".") if "lookup" in s else "")
-            + (" Kernels: exact for every llama.cpp model, the target alone included (docs/bit-exact.md: greedy "
-               "output of every method must equal the target alone's)." if s.get("exact") else ""))
+            + (" Kernels: exact for every llama.cpp model, the target alone included "
+               "(docs/cascade-and-exactness.md: greedy output of every method must equal the target alone's)."
+               if s.get("exact") else ""))
 
 
 def _order(result: dict) -> str:

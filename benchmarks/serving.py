@@ -17,7 +17,7 @@ request feeds, as a server's `shared` memory); its estimates and profile start a
 (`profile`). Reports total generated tokens/s, time to first token and inter-token
 latency (median and p95; a delta of k tokens after a gap g counts as k gaps of g/k), the
 batch sizes the models actually ran, and for auto the share of cycles that speculated.
---exact runs every model on the exact kernels (`serve --exact`; docs/bit-exact.md), the
+--exact runs every model on the exact kernels (`serve --exact`; docs/cascade-and-exactness.md), the
 target alone included. Writes JSON, a markdown table and a PNG plot to benchmarks/results/.
 
 --chain adds a fixed chain of pool models, served twice: by a scheduler whose steps call the

@@ -177,7 +177,7 @@ def markdown(result: dict) -> str:
              f"`{m['command']}`. Phases (s): {result['phase_seconds']}.", "",
              f"Trace: {t['requests']} requests ({t['tokens']} tokens, at most {t['max_tokens']} each), target "
              f"{t['target']}, drafts {', '.join(t['drafts'])}, branches of {t['branch_tokens']} tokens; recorded: "
-             f"{t['note']}. Greedy, batch 1, prefill not priced. The engine's own work per call (docs/host-work.md): "
+             f"{t['note']}. Greedy, batch 1, prefill not priced. The engine's own work per call (docs/simulation.md): "
              f"{result.get('host', 'not priced')}. Speed-up: median per request of the target alone's "
              "(simulated or measured decode) time over the method's"
              + (f"; 'all': {result['overall']}." if "overall" in result else "."), ""]
@@ -267,7 +267,7 @@ def main() -> None:
     ap.add_argument("--phases", choices=list(PHASES), default="in-phase",
                     help="which models a step of the batch scheduler calls (engine/phase.py)")
     ap.add_argument("--host-ms", type=HostCosts.parse_ms, default=NO_HOST, metavar="CALL,ROW[,CHOICE[,REUSE]]",
-                    help="price the engine's own work: ms per sequence in a call, ms per row (docs/host-work.md), "
+                    help="price the engine's own work: ms per sequence in a call, ms per row (docs/simulation.md), "
                          "ms per router choice that deliberates and per choice that reuses a recent decision "
                          "(router/pacing.py; benchmarks/router_work.py); default: not priced")
     ap.add_argument("--gpu-profile", type=Path, action="append", default=[], metavar="FILE",

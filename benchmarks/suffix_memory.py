@@ -1,4 +1,4 @@
-"""The cross-request suffix memory's size and speed (docs/copy-drafting.md):
+"""The cross-request suffix memory's size and speed (docs/drafters.md):
 
     python -m benchmarks.suffix_memory [--budget 2000000]
 

@@ -123,7 +123,7 @@ def _grammar(json_schema, regex: str | None, grammar) -> Grammar | None:
               help="With --json: each token's log-probability under the target and this many alternatives.")
 @click.option("--exact", is_flag=True,
               help="Exact kernels for llama.cpp models: greedy output of every chain equals the target alone's bit for bit "
-                   "(a one-token forward then costs a four-token one; docs/bit-exact.md).")
+                   "(a one-token forward then costs a four-token one; docs/cascade-and-exactness.md).")
 @_gpu_layers_option
 @_profile_option
 @_cache_option
@@ -276,7 +276,7 @@ def _summary(r: GenerationResult) -> str:
 @click.option("--max-connections", type=int, help="Connections open at once; one more gets a 503 (default 512).")
 @click.option("--exact", is_flag=True, default=None,
               help="Exact kernels for llama.cpp models: greedy output of every chain equals the target alone's bit for bit "
-                   "(a one-token forward then costs a four-token one; docs/bit-exact.md).")
+                   "(a one-token forward then costs a four-token one; docs/cascade-and-exactness.md).")
 @click.option("--prefill-share", type=float, help="While streams decode, a long prompt is fed in chunks adding about "
                                                   "this share to their steps (default 0.5; 0: fed whole).")
 @click.option("--max-prompt-tokens", type=int, help="Longest prompt in tokens (default: the context less one).")

@@ -123,7 +123,7 @@ class Pool:
     def _torch(self, folder: Path, name: str, dtype: str, weights: bool = True) -> Backend:
         if self.exact:
             raise InvalidParameterError(f"exact mode covers llama.cpp models only, not the torch model {name} "
-                                        "(docs/bit-exact.md)")
+                                        "(docs/cascade-and-exactness.md)")
         key = f"{folder.resolve()}|torch|{dtype}|{self.device}|{'weights' if weights else 'vocabulary'}"
         if key not in self._loaded:
             try:

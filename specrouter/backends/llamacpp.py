@@ -6,7 +6,7 @@ llama_decode with our own batch: each token carries its absolute position and it
 sequence id, and only the positions whose logits are needed are marked as outputs.
 One context holds up to n_seq_max sequences in a unified KV cache (exact mode: a stream each).
 
-Exact kernels (`exact=True`, docs/bit-exact.md has the kernel paths and measurements):
+Exact kernels (`exact=True`, docs/cascade-and-exactness.md has the kernel paths and measurements):
 llama.cpp's CPU backend computes a row of a forward with other kernels depending on how
 many rows the forward has, so a token verified in a block of k gets logits that differ
 (by up to ~0.6 on the 1.5B q4) from the same token decoded alone, and greedy ties flip.
@@ -21,7 +21,7 @@ In exact mode every row is computed by one path whatever the batch:
 - every sequence has a KV stream of its own (`kv_unified = false`): attention sums a row's
   cells in cell order, so a sequence must find its cells where it finds them alone, and in
   a shared cache its next token's cell lies behind whatever other sequences took meanwhile
-  (docs/bit-exact.md); llama.cpp then cuts a batch into ubatches of equal tokens per
+  (docs/cascade-and-exactness.md); llama.cpp then cuts a batch into ubatches of equal tokens per
   sequence (each a multiple of EXACT_ROWS with the padding above), and shares no cells
   between streams, so share_prefix declines (a choice prefills its prompt itself);
 - ggml's tiled K-quant matmul (ggml-cpu/tiled, used from 8 rows on for weights that are
@@ -30,7 +30,7 @@ In exact mode every row is computed by one path whatever the batch:
 - flash attention is off: its CPU kernel splits the KV range of a single row across
   threads (from 512 KV cells) and tiles 64 rows and more, three orders of summation;
   without it attention is two matmuls (tinyBLAS from 2 rows on) and a row-wise softmax.
-Measured (docs/bit-exact.md): logits of blocks of 1..65 tokens equal one-token decoding
+Measured (docs/journal.md): logits of blocks of 1..65 tokens equal one-token decoding
 bitwise, at 100 to 1,500 tokens of context; a one-row forward then costs a four-row one.
 """
 
@@ -113,8 +113,9 @@ class LlamaCppBackend(ForwardBackend):
         self.name = name or path.stem
         self.path = path
         if n_gpu_layers and exact:
-            raise InvalidParameterError(f"{self.name}: exact mode runs llama.cpp's CPU kernels (docs/bit-exact.md); "
-                                        "it cannot offload layers to a GPU (--gpu-layers)")
+            raise InvalidParameterError(f"{self.name}: exact mode runs llama.cpp's CPU kernels "
+                                        "(docs/cascade-and-exactness.md); it cannot offload layers to a GPU "
+                                        "(--gpu-layers)")
         _init_once()
         if n_gpu_layers and not _ll.llama_supports_gpu_offload():
             raise BackendError(f"{self.name}: --gpu-layers asks llama.cpp to offload {_layers(n_gpu_layers)} to a "

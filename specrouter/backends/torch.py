@@ -135,7 +135,7 @@ class TorchBackend(ForwardBackend):
         """rows_on_device: hand the cascade its logits rows as tensors left on the device,
         which the cascade then warps, samples and verifies there (cascade/torch_rows.py);
         False copies them to host numpy. None (default): on the device unless it is a CPU,
-        where the copy costs nothing and numpy's row work is the faster (docs/host-work.md).
+        where the copy costs nothing and numpy's row work is the faster (docs/gpu.md).
         weights=False: the vocabulary only (tokenizer, chat template, context size, end
         tokens, logits width: what a fleet's ingress tokenizes with): the model's modules are
         built on torch's meta device from its config, no weight is read or allocated, and a

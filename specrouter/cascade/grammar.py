@@ -27,7 +27,7 @@ call returns, so a rejected token leaves no trace: the matcher after a cycle is 
 matcher of the committed output, whatever was drafted (tests/unit/cascade/test_grammar.py
 checks it against a fresh matcher after random cycles).
 
-The grammar engine is llguidance (pinned; why: docs/structured-output.md): it takes JSON
+The grammar engine is llguidance (pinned; why: docs/cascade-and-exactness.md): it takes JSON
 schemas, regular expressions, Lark and GBNF, computes a token mask from a token trie without
 tables built per grammar, and its matcher rolls back consumed tokens, which speculation needs.
 """

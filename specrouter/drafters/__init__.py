@@ -13,7 +13,7 @@ from specrouter.drafters.suffix import SuffixDrafter
 
 MODEL_FREE: dict[str, type[LookupDrafter]] = {NGRAM_NAME: NgramDrafter, SuffixDrafter.name: SuffixDrafter}
 #: The model-free drafter `--chain auto` routes unless told otherwise: on work that copies
-#: (docs/copy-drafting.md) auto with it ran 1.73x the target alone where auto with the n-gram
+#: (docs/journal.md) auto with it ran 1.73x the target alone where auto with the n-gram
 #: ran 1.67x, and it reads the cross-request memory.
 DEFAULT_LOOKUP = SuffixDrafter.name
 

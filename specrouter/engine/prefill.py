@@ -14,7 +14,7 @@ would have had they arrived together. Protecting them would cost the W prompts f
 chunk that keeps a stream's call within 1 + share of its own is a few tokens, which a
 forward's fixed cost makes about twice as dear per token on a CPU as a whole prompt, so a
 burst entered the batch one prompt at a time while the few streams gained little from
-batching (figures: docs/fleet.md). A batch thus takes the same course whether its prompts
+batching (figures: docs/journal.md). A batch thus takes the same course whether its prompts
 arrive within one step or a few apart. One prompt beside one or more streams is chunked.
 
 Where a chunk runs: in the same call as the step's decoding forwards of its model (one

@@ -19,7 +19,7 @@ How the prefix is taken, per model (Backend.share_prefix):
   the target alone's bit for bit, as after any rollback.
 In default mode the shared cells were computed by forwards of other sizes than a cold
 prefill's, which moves logits by kernel rounding: greedy output equals the target alone's
-up to near-ties, as batching already does (docs/bit-exact.md).
+up to near-ties, as batching already does (docs/cascade-and-exactness.md).
 
 What is kept: at most `capacity` states, the least recently used leaving first; a finished
 state replaces the kept one it resumed from (the conversation's earlier turn: the new one

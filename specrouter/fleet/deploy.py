@@ -72,7 +72,7 @@ DRAIN_MARGIN = 30.0
 #:   0 (Ray's daemons, an HTTP client, anything else) preempts their llama.cpp threads, which
 #:   wait on each other at every operation (Ray's job manager sets the same for its
 #:   supervisor; the job's runtime environment carries it to every worker it starts).
-#: Measured in docs/fleet.md.
+#: Measured in docs/journal.md.
 SERVE_ENV = {"RAY_worker_niceness": "0", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
              "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000"}
 

@@ -11,7 +11,7 @@ costs more: each of its n tokens attends over c keys (compute, linear in n c, on
 and reads c tokens' K and V. Where a profile also holds a model's context table (the same
 forwards timed after LONG_CONTEXT tokens), `seconds_after` interpolates linearly in c
 between the two tables and extrapolates beyond (what it is on a CPU: docs/simulation.md,
-"The copy workloads, and what a long context costs"). The router's predictions do not
+"Profiles"). The router's predictions do not
 read it yet (its OnlineCosts level follows a longer context as a whole); the simulator
 prices every replayed forward with it.
 """

@@ -4,7 +4,7 @@ A routed sequence's choice (Router.choose: measure every pair, re-plan, rank, gu
 work of d seconds before every cycle. A batch's sequences choose one after another, so a step
 of B sequences spends B d choosing before its forwards. On a CPU, where a step takes
 s = 25-1,000 ms and d ~ 0.5-1 ms, that is 0.1-3%; on a GPU (s ~ 1-5 ms) it is most of the step
-(docs/host-work.md: 32 sequences spend ~20-35 ms choosing against a ~1-2 ms H200 forward).
+(docs/journal.md: 32 sequences spend ~20-35 ms choosing against a ~1-2 ms H200 forward).
 
 ChoicePacing keeps the choices within FRACTION of generation time per kind of cycle. A
 session deliberates at most once every

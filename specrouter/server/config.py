@@ -104,7 +104,7 @@ class ServeConfig(BaseModel):
         "per-key", description="the cross-request suffix memory of the suffix lookup: requests read and feed the "
                                "texts of requests with the same API key (per-key), of all (shared), or none (off)")
     exact: bool = Field(False, description="exact kernels for llama.cpp models: greedy output of every chain equals "
-                                           "the target alone's bit for bit (docs/bit-exact.md)")
+                                           "the target alone's bit for bit (docs/cascade-and-exactness.md)")
     served_model_name: list[str] | None = Field(None, min_length=1, description="names a request's `model` may use "
                                                                                "for the target; responses report the "
                                                                                "first (default: the target's name)")

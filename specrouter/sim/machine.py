@@ -2,8 +2,8 @@
 work (a validation's real runs), not in one session before it.
 
 Why: a profile is a handful of forwards per size timed in a minute or two. On this project's
-2-core CPUs two such sessions of one machine part by 5-15% per entry (docs/simulation.md,
-"Where a validation's error came from"), while the real runs of a validation take half an
+2-core CPUs two such sessions of one machine part by 5-15% per entry (docs/journal.md,
+2026-12-05), while the real runs of a validation take half an
 hour and repeat within 4-8%. A replay priced by a profile timed before the runs therefore
 validates that minute of the machine, not the half hour the runs saw. Here each round
 times one forward of every size of every model (profiler.time_forwards: the same forward,

@@ -16,10 +16,10 @@ A run is also timed as a real one can time its decode (Run.streamed_seconds, dec
 from its first streamed text, so its whole first cycle is out, prompt, catch-up, and the
 block drafted and verified with it); the validation compares that (validate.py). The two
 part most for long blocks on short answers: a fixed suffix [32] chain's first cycle is one
-33-token forward of its ~8 on a 200-token code edit (docs/simulation.md).
+33-token forward of its ~8 on a 200-token code edit (docs/journal.md).
 
 Not simulated unless asked: the host work (the cascade's own, ~0.1 ms per greedy token,
-docs/host-work.md, and the router's choice per cycle, benchmarks/router_work.py: `host`
+docs/simulation.md, and the router's choice per cycle, benchmarks/router_work.py: `host`
 prices both, sim/host.py; off by default). Not simulated: sampling (greedy only), batches
 (here one request at a time; batched.py serves them B at a time through the batch scheduler),
 and the off-path behaviour of intermediate verifiers (backends/replay.py). A model-free

@@ -12,7 +12,7 @@ drafters need nothing recorded (they read the text itself).
 
 Recording a request costs one greedy generation of the target, one forward over prompt +
 answer per draft model and branch_tokens - 1 single-token forwards per wrong position. Near-ties aside (a forward over many tokens may round
-differently from one over few: docs/bit-exact.md), the recorded tokens are those the
+differently from one over few: docs/cascade-and-exactness.md), the recorded tokens are those the
 draft proposes in a real run. Only greedy agreement is recorded: sampled runs are not
 simulated.
 """

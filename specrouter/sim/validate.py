@@ -15,7 +15,7 @@ machine's profile is timed (sim/machine.py): the machine as it was while the rea
 The simulation validated then replays the target alone, auto and the chains run, priced by
 that machine, its router starting from the up-front profile as the real one did (Replay's
 belief): a profile timed in one sitting before the runs moved the replay by 5-15% between
-two validations of the same runs (docs/simulation.md). The replay prices every token fed
+two validations of the same runs (docs/journal.md). The replay prices every token fed
 (price_prompt): after the first cycle a prompt token is fed only by a draft model that joins
 mid-request and catches up on it, which the real run pays too.
 
@@ -32,11 +32,11 @@ documents (near 1x) and code editing (2-3x) lands between the two clusters and m
 fifth with a request or two; a pooled ratio is dominated by the slowest requests, and for
 the fixed chains (each group's own: no one chain) those are a long-draft chain over a real
 text that left the recorded one, 8.8x the target alone's time where the replay, on the
-recorded text, was 1.3x (docs/simulation.md).
+recorded text, was 1.3x (docs/journal.md).
 
 What a real run has that the simulation does not (simulate.py's list) shows up here as
 error: the Python work per cycle, this machine's timing noise (the target alone's two runs
-of one request differ by up to 30% on the 2-core EPYC of docs/copy-drafting.md: use
+of one request differ by up to 30% on the 2-core EPYC of docs/journal.md: use
 --repeats on a noisy machine), near-ties that make a real run write another text.
 """
 
