@@ -1,40 +1,59 @@
 """Head-of-line blocking on the real pool: a stream's gaps while a long prompt arrives.
 
-    python -m benchmarks.prefill_stall [--prompt-tokens 2000] [--shares none,1.0,0.5] [--repeats 2]
-                                       [--stem NAME]
+    python -m benchmarks.prefill_stall [--prompt-tokens 4000] [--speculation auto,off]
+                                       [--shares none,0.5] [--repeats 2] [--router-dir DIR] [--stem NAME]
 
-In process, through the BatchScheduler the server runs, on the default target (the q4
-1.5B, llama.cpp) alone: request A (a GSM8K chat) streams; after its 10th delta, request
-B arrives with a prompt of --prompt-tokens tokens (HumanEval prompts joined) and asks for
-8 tokens. Per prefill share (none: the prompt is fed whole, as before chunked prefill),
-repeated and interleaved: A's median gap before B arrived, its largest and 90th-percentile
-gap while B's prompt was fed (from B's arrival to B's first token), their ratios, and B's
-time to first token. Writes JSON and markdown to benchmarks/results/.
+In process, through the BatchScheduler the server runs (max_batch 2), on the default pool
+(target: the q4 1.5B, llama.cpp): request A (a GSM8K chat) streams; after its 10th delta,
+request B arrives with a prompt of --prompt-tokens tokens (HumanEval prompts joined) and
+asks for 8 tokens. Both requests name the run's speculation: `off` (the target alone) or
+`auto` (the server's router over the default pool's models and lookup drafter, built
+afresh for each run with a suffix memory of its own, so that no run drafts from an
+earlier run's text or starts from its estimates); its estimates and profile start as
+--router-dir says (default: a fresh folder, the profile measured at the start; every run
+starts from that one profile), and the profile is recorded (`profile`). Per speculation
+and prefill share (none: the prompt is fed whole, as before chunked prefill), repeated and
+interleaved: A's median gap between deltas before B arrived, its largest and
+90th-percentile gap while B's prompt was fed (from B's arrival to B's first token), their
+ratios, and B's time to first token. Writes JSON and markdown to benchmarks/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.args import profile_line, router_start
 from benchmarks.machine import machine_info, write_result
 from benchmarks.prompts import load
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
-from specrouter.engine.batch import BatchScheduler, Delta, SeqRequest
+from specrouter.drafters import DEFAULT_LOOKUP
+from specrouter.drafters.memory import SuffixMemory
+from specrouter.engine.batch import BatchScheduler, Delta, SeqRequest, pool_planner
+from specrouter.engine.speculation import Speculation
 from specrouter.pool import Pool
+from specrouter.router import auto_router
 
-TARGET = "qwen2.5-coder-1.5b"
+SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 RESULTS = Path(__file__).parent / "results"
 
 
-def one_run(pool: Pool, share: float | None, stream: list[int], long: list[int]) -> dict:
-    chain = pool.chain([TARGET])
-    scheduler = BatchScheduler(lambda r: chain, max_batch=2, prefill_share=share)
-    scheduler.add("a", SeqRequest(stream, SamplingParams(), 1200))
+def one_run(pool: Pool, router_dir: Path, profile: Path | None, speculation: str, share: float | None,
+            stream: list[int], long: list[int]) -> dict:
+    """One run: A streams, B's prompt arrives after A's 10th delta; A's gaps and B's first token.
+    Under auto, a router of its own: the starting `profile` (a JSON file), the estimates in
+    router_dir, a fresh suffix memory."""
+    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=router_dir, progress=False, profile_file=profile,
+                         lookup=DEFAULT_LOOKUP, memory=SuffixMemory()) if speculation == "auto" else None
+    scheduler = BatchScheduler(pool_planner(pool, TARGET, router), max_batch=2, prefill_share=share)
+    spec = Speculation(speculation)
+    scheduler.add("a", SeqRequest(stream, SamplingParams(), 1200, speculation=spec))
     times, arrival, first = [], None, None
     while scheduler.n_active or scheduler.n_waiting:
         for event in scheduler.step():
@@ -42,7 +61,7 @@ def one_run(pool: Pool, share: float | None, stream: list[int], long: list[int])
             if event.request_id == "a" and isinstance(event, Delta):
                 times.append(now)
                 if len(times) == 10:
-                    scheduler.add("b", SeqRequest(long, SamplingParams(), 8))
+                    scheduler.add("b", SeqRequest(long, SamplingParams(), 8, speculation=spec))
                     arrival = now
             elif event.request_id == "b" and isinstance(event, Delta) and first is None:
                 first = now
@@ -52,49 +71,71 @@ def one_run(pool: Pool, share: float | None, stream: list[int], long: list[int])
     gaps = np.diff(times)
     before = float(np.median(gaps[:9]))
     during = [g for t, g in zip(times[1:], gaps) if arrival < t <= first] or [first - arrival]
-    return {"share": share, "median_gap_before_s": round(before, 4), "max_gap_during_s": round(max(during), 4),
-            "p90_gap_during_s": round(float(np.percentile(during, 90)), 4),
-            "max_ratio": round(max(during) / before, 2), "p90_ratio": round(float(np.percentile(during, 90)) / before, 2),
+    p90 = float(np.percentile(during, 90))
+    return {"speculation": speculation, "share": share, "median_gap_before_s": round(before, 4),
+            "max_gap_during_s": round(float(max(during)), 4), "p90_gap_during_s": round(p90, 4),
+            "max_ratio": round(float(max(during)) / before, 2), "p90_ratio": round(p90 / before, 2),
             "gaps_during": len(during), "b_time_to_first_token_s": round(first - arrival, 3),
             "chunk_calls": scheduler.prefill.calls if scheduler.prefill else 0}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompt-tokens", type=int, default=2000)
-    parser.add_argument("--shares", default="none,1.0,0.5")
+    parser.add_argument("--prompt-tokens", type=int, default=4000)
+    parser.add_argument("--speculation", default="auto,off", help="comma-separated: auto, off")
+    parser.add_argument("--shares", default="none,0.5")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--router-dir", type=Path, help="the router's starting profile and estimates (default: fresh)")
     parser.add_argument("--stem", default=None)
     args = parser.parse_args()
+    modes = args.speculation.split(",")
+    for mode in modes:
+        if mode not in ("auto", "off"):
+            parser.error(f"--speculation takes auto and off, got {mode!r}")
     shares = [None if s == "none" else float(s) for s in args.shares.split(",")]
     pool = Pool(n_ctx=args.prompt_tokens + 1600, n_seq_max=2)
     target = pool.level(TARGET)
     stream = chat_prompt_tokens(target, [{"role": "user", "content": load("gsm8k", 1)[0].text}])
-    joined = target.tokenize("\n\n".join(p.text for p in load("humaneval", 40)))
+    joined = target.tokenize("\n\n".join(p.text for p in load("humaneval", 80)))
     long = joined[: args.prompt_tokens]
     assert len(long) == args.prompt_tokens, "not enough prompt text"
-    one_run(pool, None, stream, long[:64])  # warm-up: weights paged in
-    rows = [one_run(pool, share, stream, long) for _ in range(args.repeats) for share in shares]
+    router_dir, router_state = router_start(args.router_dir)
+    profile, profile_file = None, None
+    if "auto" in modes:  # measured (or read from router_dir) once: every run's router starts from it
+        profile = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=router_dir, progress=True,
+                              lookup=DEFAULT_LOOKUP).costs.profile.as_dict()
+        profile_file = Path(tempfile.mkdtemp(prefix="specrouter-bench-profile-")) / "profile.json"
+        profile_file.write_text(json.dumps(profile))
+    for mode in modes:  # warm-up: weights paged in
+        one_run(pool, router_dir, profile_file, mode, None, stream, long[:64])
+    rows = [one_run(pool, router_dir, profile_file, mode, share, stream, long)
+            for _ in range(args.repeats) for mode in modes for share in shares]
     pool.close()
-    result = {"machine": machine_info(), "prompt_tokens": args.prompt_tokens, "rows": rows}
+    result = {"machine": machine_info(), "prompt_tokens": args.prompt_tokens, "router_start": router_state,
+              "profile": profile, "rows": rows}
     write_result(RESULTS, args.stem or f"prefill-stall-{result['machine']['date'][:10]}", result, markdown(result))
 
 
 def markdown(result: dict) -> str:
     m = result["machine"]
-    head = ["prefill share", "A's median gap before (ms)", "max gap during (ms)", "max / median",
+    head = ["speculation", "prefill share", "A's median gap before (ms)", "max gap during (ms)", "max / median",
             "p90 / median", "B's time to first token (s)", "calls with chunks"]
     lines = [f"# Head-of-line blocking: a stream's gaps while a {result['prompt_tokens']}-token prompt arrives "
              f"({m['date']})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, llama-cpp-python {m['llama_cpp_python']}. Command: "
-             f"`{m['command']}`. Target {TARGET} (q4, llama.cpp) alone for both requests, greedy; runs interleaved "
-             "over the shares, in order. \"none\": the prompt is fed whole (no chunked prefill).", "",
+             f"`{m['command']}`. Default pool, target {TARGET} (q4, llama.cpp); both requests name the row's "
+             "speculation (off: the target alone; auto: the server's router, a fresh suffix memory per run), "
+             "greedy; runs interleaved over speculation and shares, in order. \"none\": the prompt is fed whole "
+             "(no chunked prefill). A gap is the time between two of A's deltas (one per cycle).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
         lines.append("| " + " | ".join(str(x) for x in (
-            "none" if r["share"] is None else r["share"], round(r["median_gap_before_s"] * 1e3, 1),
-            round(r["max_gap_during_s"] * 1e3, 1), r["max_ratio"], r["p90_ratio"], r["b_time_to_first_token_s"],
-            r["chunk_calls"])) + " |")
+            r.get("speculation", "off"), "none" if r["share"] is None else r["share"],
+            round(r["median_gap_before_s"] * 1e3, 1), round(r["max_gap_during_s"] * 1e3, 1), r["max_ratio"],
+            r["p90_ratio"], r["b_time_to_first_token_s"], r["chunk_calls"])) + " |")
+    if result.get("profile"):
+        lines += ["", f"Router start: {result['router_start']}. "
+                  + profile_line(result["profile"], TARGET, "auto")]
     return "\n".join(lines) + "\n"
 
 

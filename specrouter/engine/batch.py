@@ -17,10 +17,11 @@ longest prefix of its prompt they hold (a chat's earlier turns, a shared system 
 before its first cycle, so the router prices its
 models with what they already hold and the first forwards feed only the rest.
 
-Chunked prefill (prefill.py): while some sequence decodes, a forward that must first feed
-a long head (a new prompt, a draft model's catch-up) is fed in chunks across steps, riding
-in its model's call with the decoding forwards, so no prompt stalls the running streams
-(unless the prompts outnumber them: then all run whole).
+Chunked prefill (prefill.py): while some sequence decodes, a prompt's forward that must
+first feed a long head is fed in chunks across steps, riding in its model's call with the
+decoding forwards, so no prompt stalls the running streams (unless the prompts outnumber
+them: then all run whole); a sequence that has committed a cycle is a stream, whose
+forwards (a draft model's catch-up included) run whole.
 
 Not thread-safe: one thread owns a scheduler and every backend it uses.
 """
@@ -40,7 +41,7 @@ from specrouter.cascade.logprobs import TokenLogprob
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import MemoryScope
 from specrouter.engine.phase import InPhase, StepModels
-from specrouter.engine.prefill import PREFILL_SHARE, ChunkedPrefill
+from specrouter.engine.prefill import PREFILL_SHARE, ChunkedPrefill, Forward
 from specrouter.engine.prefix_cache import PrefixCache
 from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
 from specrouter.engine.speculation import Speculation, check_chain
@@ -303,9 +304,10 @@ class BatchScheduler:
         if self.prefill is None:
             return calls
         heads = [a.run.state.to_feed(r.backend, r.tokens, r.n_logits) - r.n_logits for _, a, r, _ in calls]
+        forwards = [Forward(id(c.request.backend), h, c.request.n_logits, stream=c.active.run.cycles > 0)
+                    for c, h in zip(calls, heads)]
         out = []
-        for call, head, take in zip(calls, heads, self.prefill.plan([(id(c.request.backend), h)
-                                                                      for c, h in zip(calls, heads)])):
+        for call, head, take in zip(calls, heads, self.prefill.plan(forwards)):
             if take == 0:
                 out.append(call)
             elif take > 0:
