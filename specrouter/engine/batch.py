@@ -328,7 +328,7 @@ class BatchScheduler:
     # ------------------------------------------------------------------------------
     def _start_cycle(self, rid: str, a: _Active, events: list[Event]) -> None:
         try:
-            runner = a.run.start_cycle(batch_size=len(self._active))
+            runner = a.run.start_cycle(batch_size=self._decoding(a))
             if runner is None:
                 self._finish(rid, a, events)
                 return
@@ -338,6 +338,13 @@ class BatchScheduler:
             self._end_cycle(rid, a, done.value, events)
         except Exception as exc:  # noqa: BLE001 - the request fails, the others go on
             self._fail(rid, a, exc, events)
+
+    def _decoding(self, a: _Active) -> int:
+        """The sequences whose cycles advance together with `a`'s (its router prices every
+        forward for that many): the streams, past their first cycle, and `a` itself. A
+        prompt being prefilled is not one: its chunks add at most the prefill share to a
+        stream's calls (prefill.py), not a sequence's forwards."""
+        return sum(1 for b in self._active.values() if b.run.cycles > 0 or b is a)
 
     def _serve(self, group: list[_Call], events: list[Event]) -> float:
         """One call of one backend; its seconds. A chunk's logits row is dropped (its

@@ -426,3 +426,36 @@ def test_a_choice_whose_first_choice_is_gone_prefills_itself():
     assert finished(events["c1"]).token_ids == generate(Chain([small, target], [3]), prompt, SamplingParams(),
                                                         10).token_ids
     assert target.decoded_tokens >= len(prompt)
+
+
+def test_a_stream_is_priced_alone_while_a_prompt_beside_it_is_prefilled(monkeypatch):
+    """A stream's router prices its forwards for the sequences that decode with it: a prompt
+    being fed in chunks beside it is not one (its chunks add at most the prefill share to the
+    stream's calls); once that request has run its first cycle it decodes too."""
+    from specrouter.engine.request import SequenceRun
+
+    seen: list[tuple[int, int, int]] = []  # (stream's cycles, the other request's cycles, batch size)
+    runs: dict[str, SequenceRun] = {}
+    start_cycle = SequenceRun.start_cycle
+
+    def spy(self, batch_size=1):
+        if self is runs.get("a") and "b" in runs:
+            seen.append((self.cycles, runs["b"].cycles, batch_size))
+        return start_cycle(self, batch_size)
+
+    monkeypatch.setattr(SequenceRun, "start_cycle", spy)
+    target = SyntheticBackend("target", vocab=VOCAB, n_ctx=1024)
+    scheduler = BatchScheduler(lambda r: Chain([target], []), max_batch=2, prefill_share=0.5)
+    scheduler.add("a", SeqRequest([1, 2, 3], SamplingParams(), 60))
+    runs["a"] = scheduler._run_of("a")
+    for _ in range(3):
+        scheduler.step()
+    scheduler.add("b", SeqRequest([int(t) for t in np.random.default_rng(1).integers(0, EOS, 300)],
+                                  SamplingParams(), 4))
+    while scheduler.n_active or scheduler.n_waiting:
+        scheduler.step()
+        if "b" not in runs and scheduler._run_of("b") is not None:
+            runs["b"] = scheduler._run_of("b")
+    while_fed = {size for _, b_cycles, size in seen if b_cycles == 0}
+    after = {size for _, b_cycles, size in seen if 0 < b_cycles < 4}
+    assert while_fed == {1} and after == {2}, seen
