@@ -62,6 +62,10 @@ class SeqRequest:
     memory: MemoryScope = field(default_factory=MemoryScope)
     #: The prefix cache's partition it resumes from and keeps its caches in (prefix_cache.py).
     cache_partition: str = ""
+    #: Fed and routed the same way each time it is sent (a request with a seed): its prompt is
+    #: prefilled afresh, never resumed from the prefix cache (whose reuse rounds differently),
+    #: and `auto` routes it from state frozen when the planner was made (router/frozen.py).
+    reproducible: bool = False
     #: Which of its request's choices this sequence is (n > 1): its own random stream.
     choice: int = 0
     #: The id of a sequence with the same prompt (its request's choice 0) whose KV this one
@@ -107,6 +111,7 @@ Planner = Callable[[SeqRequest], Chain | ChainRouter]
 class _Active:
     run: SequenceRun
     cache_partition: str = ""  # its request's (SeqRequest.cache_partition)
+    reproducible: bool = False  # its request's (SeqRequest.reproducible)
     steps: Generator[EvalRequest, np.ndarray, list[int]] | None = None  # the cycle in progress
     pending: EvalRequest | None = None  # the forward it waits for
     reported: int = 0  # tokens counted in Deltas so far
@@ -225,7 +230,7 @@ class BatchScheduler:
         if donor is not None and donor.context[: donor.prompt_tokens] == list(request.prompt_tokens):
             run.state.donor = donor.state
             self._after[request_id] = request.shares_prompt_with
-        self._waiting.append((request_id, _Active(run, request.cache_partition)))
+        self._waiting.append((request_id, _Active(run, request.cache_partition, request.reproducible)))
 
     def _run_of(self, request_id: str) -> SequenceRun | None:
         if request_id in self._active:
@@ -269,7 +274,7 @@ class BatchScheduler:
             rid, a = self._waiting.popleft()
             self._active[rid] = a
             try:
-                if a.run.params.seed is None:  # a seeded request prefills afresh: the same numbers each time
+                if not a.reproducible:
                     self.prefix_cache.resume(a.run.state, a.run.context, a.run.target.name, a.cache_partition)
             except Exception as exc:  # noqa: BLE001 - a model failed sharing its cells: this request fails alone
                 self._fail(rid, self._active[rid], exc, events)
@@ -451,8 +456,8 @@ def pool_planner(pool, target: str, router=None, default: Speculation = Speculat
             return pool.chain(list(spec.chain), list(spec.draft_lengths) or None)
         if router is None:
             return pool.chain([target], [])  # no router configured: auto means the target alone
-        if request.params.seed is not None:
-            return frozen.session()  # routed the same way each time (router/frozen.py)
+        if request.reproducible:
+            return frozen.session()
         return router.session(request.memory)
 
     return plan

@@ -198,6 +198,7 @@ class _Endpoints:
         seq = _seq_request(body, tokens, max_tokens, logprobs, grammar)
         seq.speculation, seq.memory = speculation, self.memory_scope(body, creds)
         seq.cache_partition = self.cache_partition(body, creds)
+        seq.reproducible = body.seed is not None  # the seed contract (docs/serving.md, "Seeds")
         handles = await self.service.submit(seq, body.n, affinity=session)
         ident, created = f"{prefix}-{handles[0].id}", int(time.time())
         if body.stream:
