@@ -25,6 +25,7 @@ import numpy as np
 
 from specrouter.cascade.penalties import penalized
 from specrouter.drafters import MODEL_FREE
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 
 
 #: Cached tokens before every timed forward of a profile's tables.
@@ -175,31 +176,9 @@ class OnlineCosts:
     caller's (a simulator prices its machine with that profile; other routers may share it).
     """
 
-    ALPHA = 0.3  # a few observations move the level; one outlier does not
-    SHAPE_ALPHA = 0.1
-    ROW_ALPHA = 0.1
-    #: A profile off by more than this factor from its first MIN_OBSERVED timed forwards
-    #: disagrees with this machine (measured while other work ran, or on another one): it is
-    #: then replaced at once by a table fitted to them (refit), and fitted again whenever a
-    #: size it was not fitted to is timed (refined_table: it bounds the sizes not timed).
-    #: Other moves are the level's to follow (a model that slows down mid-run, for as long as
-    #: it does).
-    DISAGREE = 2.0
-    MIN_OBSERVED = 8
-    #: Off by more than EARLY_DISAGREE at the median of its first EARLY_OBSERVED forwards, a
-    #: profile is refitted then already (a busy machine's profile, 25x too slow, made the first
-    #: requests of a run draft 24 tokens with the 0.5B for 8 forwards); the median ignores one
-    #: slow first forward (weights still being paged in). One forward more than EARLY_DISAGREE
-    #: faster than profiled (_least: past the sizes profiled, than the largest) refits at once,
-    #: whenever it comes: nothing makes a forward faster than this machine runs it, so the
-    #: profile was timed while other work ran (the first forward, a request's prefill, already
-    #: says so; waiting for two more let a busy profile's router catch up the 0.5B on the
-    #: prompt and draft 23 tokens twice, ~1.4 s of a 2.4 s request on the fast EPYC).
-    EARLY_DISAGREE = 4.0
-    EARLY_OBSERVED = 3
-    SAMPLES = 64
-
-    def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0) -> None:
+    def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0,
+                 config: RouterConfig = DEFAULT_CONFIG) -> None:
+        self.config = config
         self.profile = profile.copy()
         self._level: dict[str, float] = {}
         self._shape: dict[tuple[str, int], float] = {}
@@ -237,20 +216,21 @@ class OnlineCosts:
         lookup = name in self.profile.lookup_seconds
         if name not in self.profile.tables and not lookup:
             return
+        c = self.config
         if batch > 1:  # the level follows every call; shapes stay a single-sequence correction
             base = self.profile.seconds(name, max(n / batch, 1), batch)
             level = self._level.get(name, 1.0)
-            self._level[name] = level + self.ALPHA * (seconds / base - level)
+            self._level[name] = level + c.cost_alpha * (seconds / base - level)
             return
         base = self.profile.seconds(name, max(n, 1))
         r = seconds / base if base > 0 else 1.0
         if not lookup:
-            self._samples.setdefault(name, deque(maxlen=self.SAMPLES)).append((max(n, 1), seconds))
+            self._samples.setdefault(name, deque(maxlen=c.cost_samples)).append((max(n, 1), seconds))
         shape = 1.0 if lookup else self._shape.get((name, n), 1.0)
         level = self._level.get(name, 1.0)
-        self._level[name] = level = level + self.ALPHA * (r / shape - level)
+        self._level[name] = level = level + c.cost_alpha * (r / shape - level)
         if not lookup:
-            self._shape[(name, n)] = shape + self.SHAPE_ALPHA * (r / level - shape)
+            self._shape[(name, n)] = shape + c.shape_alpha * (r / level - shape)
             # Shapes average 1 over the sizes seen: a common factor belongs to the level
             # (it then applies at every n), only the relative curve stays in the shapes.
             keys = [k for k in self._shape if k[0] == name]
@@ -264,13 +244,13 @@ class OnlineCosts:
                 # A table that bounds the sizes not timed takes up each new one (refined_table).
                 if name in self._fitted and max(n, 1) not in self._fitted[name]:
                     self._refit(name, self.refitted[name])
-            elif (fast := seconds / self._least(name, n)) < 1 / self.EARLY_DISAGREE:
+            elif (fast := seconds / self._least(name, n)) < 1 / c.early_disagree:
                 self._refit(name, fast)  # faster than it can be: the profile was timed busy
-            elif seen == self.EARLY_OBSERVED:
+            elif seen == c.early_observed:
                 early = float(np.median([t / self.profile.seconds(name, k) for k, t in self._samples[name]]))
-                if not 1 / self.EARLY_DISAGREE <= early <= self.EARLY_DISAGREE:
+                if not 1 / c.early_disagree <= early <= c.early_disagree:
                     self._refit(name, early)
-            elif seen == self.MIN_OBSERVED and not 1 / self.DISAGREE <= level <= self.DISAGREE:
+            elif seen == c.min_observed and not 1 / c.disagree <= level <= c.disagree:
                 self._refit(name, level)
 
     def _least(self, name: str, n: int) -> float:
@@ -355,7 +335,7 @@ class OnlineCosts:
         if rows > 0:
             per_row = seconds / rows
             old = self._row.get(kind)
-            self._row[kind] = per_row if old is None else old + self.ROW_ALPHA * (per_row - old)
+            self._row[kind] = per_row if old is None else old + self.config.row_alpha * (per_row - old)
 
 
 
@@ -367,7 +347,7 @@ class FixedCosts(OnlineCosts):
 
     @classmethod
     def of(cls, costs: OnlineCosts) -> FixedCosts:
-        fixed = cls(costs.profile, costs.overhead_per_forward)
+        fixed = cls(costs.profile, costs.overhead_per_forward, costs.config)
         fixed._level, fixed._shape, fixed._row = dict(costs._level), dict(costs._shape), dict(costs._row)
         return fixed
 

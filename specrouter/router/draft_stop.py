@@ -34,23 +34,19 @@ import bisect
 from collections.abc import Callable, Sequence
 
 from specrouter.router.acceptance import Estimate
-
-#: Upper edges of the confidence bins (the last bin ends at 1).
-EDGES = (0.3, 0.5, 0.7, 0.9, 0.99)
-#: What each bin's calibration starts at: its middle confidence, weighing this many scores.
-CENTERS = (0.2, 0.4, 0.6, 0.8, 0.95, 0.995)
-PRIOR_COUNT = 4.0
-ALPHA = 0.05
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 
 
-def confidence_bin(c: float) -> int:
-    return bisect.bisect_right(EDGES, c)
+def confidence_bin(c: float, edges: Sequence[float] = DEFAULT_CONFIG.stop_edges) -> int:
+    """The bin of confidence c: how many of the bins' upper edges it reaches."""
+    return bisect.bisect_right(edges, c)
 
 
 class ConfidenceStop:
     """The rule for one router session; `calibration` is shared by sessions (see module docstring)."""
 
-    def __init__(self, calibration: dict | None = None) -> None:
+    def __init__(self, calibration: dict | None = None, config: RouterConfig = DEFAULT_CONFIG) -> None:
+        self.config = config
         self.calibration: dict[tuple[str, ...], list[Estimate]] = {} if calibration is None else calibration
         self.key: tuple[str, ...] = ()
         self.rate, self.cap, self.worth, self.draft_seconds = 0.0, 0, 0.0, 0.0
@@ -58,7 +54,7 @@ class ConfidenceStop:
         self.verify: list[float] = []  # verify[n]: seconds to verify n tokens, n = 0..cap + 1
 
     def session(self) -> ConfidenceStop:
-        return ConfidenceStop(self.calibration)
+        return ConfidenceStop(self.calibration, self.config)
 
     def configure(self, key: tuple[str, ...], rate: float, cap: int, worth: float, draft_seconds: float,
                   verify_seconds: Callable[[int], float], stopping: bool = True) -> None:
@@ -73,12 +69,13 @@ class ConfidenceStop:
     def _bins(self) -> list[Estimate]:
         bins = self.calibration.get(self.key)
         if bins is None:
-            bins = self.calibration[self.key] = [Estimate(c, PRIOR_COUNT, c * (1 - c)) for c in CENTERS]
+            prior = self.config.stop_prior_count
+            bins = self.calibration[self.key] = [Estimate(c, prior, c * (1 - c)) for c in self.config.stop_centers]
         return bins
 
     def acceptance(self, c: float) -> float:
         """Calibrated chance that a drafted token of confidence c is accepted."""
-        return self._bins()[confidence_bin(c)].mean
+        return self._bins()[confidence_bin(c, self.config.stop_edges)].mean
 
     def more(self, confidences: Sequence[float]) -> bool:
         n = len(confidences)
@@ -97,6 +94,6 @@ class ConfidenceStop:
         return False
 
     def learn(self, confidences: Sequence[float], n_accepted: int) -> None:
-        bins = self._bins()
+        bins, config = self._bins(), self.config
         for j, c in enumerate(confidences[: n_accepted + 1]):
-            bins[confidence_bin(c)].update(1.0 if j < n_accepted else 0.0, ALPHA)
+            bins[confidence_bin(c, config.stop_edges)].update(1.0 if j < n_accepted else 0.0, config.stop_alpha, config)

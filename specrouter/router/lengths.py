@@ -21,20 +21,19 @@ import statistics
 import threading
 from collections import deque
 
-#: Tokens assumed to follow when no recent answer ran past the current length.
-DEFAULT = 256
-#: Finished answers remembered.
-WINDOW = 64
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 
 
 class AnswerLengths:
-    def __init__(self, window: int = WINDOW) -> None:
-        self._lengths: deque[int] = deque(maxlen=window)
+    def __init__(self, window: int | None = None, config: RouterConfig = DEFAULT_CONFIG) -> None:
+        """window: the answers remembered (default the config's answers_window)."""
+        self.config = config
+        self._lengths: deque[int] = deque(maxlen=config.answers_window if window is None else window)
         self._lock = threading.Lock()
 
     def copy(self) -> AnswerLengths:
         """Another record of answer lengths, starting from this one's."""
-        twin = AnswerLengths(self._lengths.maxlen or WINDOW)
+        twin = AnswerLengths(self._lengths.maxlen, self.config)
         with self._lock:
             twin._lengths.extend(self._lengths)
         return twin
@@ -48,5 +47,5 @@ class AnswerLengths:
         """Tokens expected to follow once `generated` were written, `room` at most."""
         with self._lock:
             beyond = [n - generated for n in self._lengths if n > generated]
-        expected = statistics.median_low(beyond) if beyond else DEFAULT
+        expected = statistics.median_low(beyond) if beyond else self.config.default_horizon
         return max(1, min(room, expected))

@@ -24,20 +24,20 @@ import itertools
 from collections.abc import Sequence
 
 from specrouter.router.acceptance import AcceptanceEstimator, pair_score
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.plan import match_key
 from specrouter.router.predictor import ChainSpec
 from specrouter.router.costs import OnlineCosts
-
-OVERHEAD_EMA = 0.2
 
 
 class CycleLearner:
     """The observing half of one router session."""
 
     def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str,
-                 lookup: str | None = None) -> None:
+                 lookup: str | None = None, config: RouterConfig = DEFAULT_CONFIG) -> None:
         """lookup: the model-free level (None: none), filed per match class (the Draft's)."""
         self.acceptance, self.costs, self.target, self.lookup = acceptance, costs, target, lookup
+        self.config = config
         self.row_kind = "greedy"
         self.overhead = 0.0
         self.begin(None, None)
@@ -90,7 +90,7 @@ class CycleLearner:
             self._shadow_ngram_on_output(new_tokens)
         if self._fwd_count and batch_size == 1:
             overhead = max(0.0, (seconds - self._fwd_seconds - self._rows_seconds) / self._fwd_count)
-            self.overhead += OVERHEAD_EMA * (overhead - self.overhead)
+            self.overhead += self.config.overhead_alpha * (overhead - self.overhead)
             self.costs.set_overhead(self.overhead)
         if ran is not None:
             self._shadow_pairs(ran.names)

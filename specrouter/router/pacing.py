@@ -50,35 +50,17 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.costs import ema
 from specrouter.router.plan import Scored
 
-#: Share of generation time the router's choices may take: the floor asked of `auto` where
-#: nothing pays is 0.98x the target alone (was 0.05: a fast CPU's 28 ms forward then left
-#: every ~0.7 ms choice deliberating, ~2.5% of the time, and auto that never drafted ran at
-#: 0.971x the target alone).
-FRACTION = 0.02
-#: A kind whose deliberations keep choosing the target alone, by a margin, is deliberated
-#: ever more rarely, up to every * 2^AGREED choices of it apart (where every > 1).
-AGREED = 3
-#: The margin: every other chain's score (seconds per token), optimistic ones included, at
-#: least (1 + MARGIN) times the target alone's. A few cycles of new evidence rarely move a
-#: chain that far, while a drafted chain's lengths follow its own blocks cycle by cycle, and
-#: a close call may turn at the next one: those keep the span at every.
-MARGIN = 0.1
-#: A decision older than STALE times its span in choices of the router (of all kinds) is
-#: made again.
-STALE = 4
-#: Weight of a new timing in the averages of d and s.
-ALPHA = 0.1
 
-
-def firm(chosen: Scored, rivals: Iterable[Scored]) -> bool:
+def firm(chosen: Scored, rivals: Iterable[Scored], margin: float = DEFAULT_CONFIG.pacing_margin) -> bool:
     """Whether a deliberation that chose `chosen` over `rivals` (every chain it scored, the
     chosen one may be among them) chose firmly: the target alone, with every other chain's
-    score at least (1 + MARGIN) times its own."""
+    score at least (1 + margin) times its own."""
     return len(chosen.spec.names) == 1 and all(
-        s.score >= (1 + MARGIN) * chosen.score for s in rivals if s.spec != chosen.spec)
+        s.score >= (1 + margin) * chosen.score for s in rivals if s.spec != chosen.spec)
 
 
 @dataclass(frozen=True)
@@ -107,8 +89,11 @@ class ChoicePacing:
     """Shared by a router's sessions: the timings of (1), the recent decisions per Kind, and
     plain counters. fraction 0: every choice deliberates."""
 
-    def __init__(self, fraction: float = FRACTION) -> None:
-        self.fraction = fraction
+    def __init__(self, fraction: float | None = None, config: RouterConfig = DEFAULT_CONFIG) -> None:
+        """fraction: the share of generation time choices may take (default the config's
+        pacing_fraction)."""
+        self.config = config
+        self.fraction = config.pacing_fraction if fraction is None else fraction
         self.deliberation: float | None = None  # d of (1), seconds
         self.cycle: float | None = None  # s of (1), seconds
         self.choices = self.deliberated = self.reused = 0
@@ -136,14 +121,14 @@ class ChoicePacing:
             return None
         every = self.every(kind.batch)
         span = min(every << made.agreed if every > 1 else 1, 2**made.made)
-        if own - made.kind_at >= span or self.choices - made.at >= STALE * span:
+        if own - made.kind_at >= span or self.choices - made.at >= self.config.pacing_stale * span:
             return None
         return made.scored
 
     def made(self, kind: Kind, scored: Scored, firmly: bool = False) -> None:
         """A deliberation chose `scored` for `kind`; `firmly`: as firm() says."""
         before = self._made.get(kind)
-        agreed = (min(before.agreed + 1, AGREED) if firmly and before is not None and before.scored.spec == scored.spec
+        agreed = (min(before.agreed + 1, self.config.pacing_agreed) if firmly and before is not None and before.scored.spec == scored.spec
                   else 0)
         self._made[kind] = _Made(scored, self.choices, self._kind_choices.get(kind, 0),
                                  before.made + 1 if before else 1, agreed)
@@ -152,10 +137,10 @@ class ChoicePacing:
         """The engine timed a choice: a deliberation's time feeds d, a reuse's is not d."""
         if deliberated:
             self.deliberated += 1
-            self.deliberation = ema(self.deliberation, seconds, ALPHA)
+            self.deliberation = ema(self.deliberation, seconds, self.config.pacing_alpha)
         else:
             self.reused += 1
 
     def on_cycle(self, seconds: float) -> None:
         """A routed cycle took `seconds` (its forwards and the engine's work, not its choice)."""
-        self.cycle = ema(self.cycle, seconds, ALPHA)
+        self.cycle = ema(self.cycle, seconds, self.config.pacing_alpha)

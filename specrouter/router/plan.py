@@ -29,13 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.predictor import ChainSpec, Prediction, predict
 
 #: Per pair (proposer key, verifier).
 Pair = tuple[str, str]
-MAX_EXHAUSTIVE = 100  # 2-level chains: the whole grid; deeper ones by coordinate descent
-RATE_TOLERANCE = 0.04  # acceptance move that triggers a re-plan
-FILL_TOLERANCE = 0.1  # move of the share of asked proposals a proposer gave
 
 
 class Rates(Enum):
@@ -78,14 +76,18 @@ class PlanInputs:
     def acceptance(self, kind: Rates) -> dict[Pair, float]:
         return getattr(self, kind.value)
 
-    def tolerance_tables(self) -> list[tuple[dict[Pair, float], float]]:
-        """The per-pair tables whose moves trigger a re-plan, with their tolerances."""
-        return [(self.rates, RATE_TOLERANCE), (self.cautious, RATE_TOLERANCE), (self.bold, RATE_TOLERANCE),
-                (self.fills, FILL_TOLERANCE)]
+    def moving_tables(self) -> list[dict[Pair, float]]:
+        """The per-pair tables whose moves trigger a re-plan."""
+        return [self.rates, self.cautious, self.bold, self.fills]
+
+    @staticmethod
+    def tolerances(config: RouterConfig) -> list[float]:
+        """The tolerance of each of moving_tables(), in order."""
+        return [config.rate_tolerance] * 3 + [config.fill_tolerance]
 
     def take_class(self, cls: str, new: PlanInputs) -> None:
         """Take up `new`'s values of the pairs whose proposer is `cls` (one n-gram match class)."""
-        for (mine, _), (theirs, _) in zip(self.tolerance_tables(), new.tolerance_tables()):
+        for mine, theirs in zip(self.moving_tables(), new.moving_tables()):
             mine.update((pair, v) for pair, v in theirs.items() if pair[0] == cls)
         self.optimistic.update((pair, v) for pair, v in new.optimistic.items() if pair[0] == cls)
         self.stale.difference_update({pair for pair in self.stale if pair[0] == cls})
@@ -134,6 +136,7 @@ class Plan:
     lookup: str | None = None
     #: Its draft lengths when it drafts at the bottom of a chain (empty: the grid's).
     lookup_grid: tuple[int, ...] = ()
+    config: RouterConfig = DEFAULT_CONFIG
     memo: dict = field(default_factory=dict)  # the predictor's, per (table, class)
     predictions: dict = field(default_factory=dict)  # per (table, class, spec, room)
 
@@ -174,7 +177,7 @@ class Plan:
         if start is not None:  # near the end the room cuts the grid: start from the longest left
             start = tuple(max((g for g in grid if g <= k), default=grid[0]) for k, grid in zip(start, grids))
             return self._local_search(names, kind, grids, start, cls)
-        if math.prod(len(grid) for grid in grids) <= MAX_EXHAUSTIVE:
+        if math.prod(len(grid) for grid in grids) <= self.config.max_exhaustive:
             options = [ChainSpec(names, ks) for ks in itertools.product(*grids)]
             best = min(options, key=lambda s: self.predict(s, kind, room, cls).seconds_per_token)
             return Scored(best, self.predict(best, kind, room, cls))

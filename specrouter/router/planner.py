@@ -32,17 +32,9 @@ import math
 from collections.abc import Mapping, Sequence
 
 from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.plan import LengthHints, Pair, Plan, PlanInputs, Rates, Scored, level_key
 from specrouter.router.costs import OnlineCosts
-
-EXPLORE_BONUS = 0.5
-#: The cautious and bold rates lie this many standard errors below and above the estimate:
-#: about 1 in 6 chances each that the true rate is beyond.
-CAUTION_Z = 1.0
-CONFIDENT = 48  # positions after which a pair is no longer probed
-FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
-COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
-PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 tolerances at once
 
 Plans = dict[tuple[str, ...], Scored]
 
@@ -52,11 +44,13 @@ class Planner:
 
     def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str, grid: Sequence[int],
                  drafts: Sequence[str], lookup: str | None = None, match_keys: Sequence[str] = (),
-                 lookup_grid: Sequence[int] = (), hints: LengthHints | None = None) -> None:
+                 lookup_grid: Sequence[int] = (), hints: LengthHints | None = None,
+                 config: RouterConfig = DEFAULT_CONFIG) -> None:
         """lookup: the model-free level (None: none), whose estimates go by match_keys and
         whose draft lengths are searched over lookup_grid (empty: the grid); hints: the last
         lengths of the router's sessions (shared; default this planner's own)."""
         self.acceptance, self.costs, self.target, self.grid = acceptance, costs, target, tuple(grid)
+        self.config = config
         self.hints = hints or LengthHints()
         self.lookup_grid = tuple(lookup_grid)
         #: The longest draft any level may be asked for.
@@ -77,7 +71,7 @@ class Planner:
     def start(self) -> None:
         """A new request: its first plan is a full search."""
         self._inputs: PlanInputs | None = None
-        self._planned_at = -PLAN_EVERY
+        self._planned_at = -self.config.plan_every
         self._class_planned_at: dict[str, int] = {}  # cycle of each match class's own re-plan
         # Plans of the chains without the n-gram level, and per match class of those with it.
         self._best: Plans = {}
@@ -131,7 +125,7 @@ class Planner:
         base, classes = self._move(self._inputs, inputs)
         if not now and not self._due(base, cycle - self._planned_at):
             for moved, move in classes.items():
-                if move >= 1 and cycle - self._class_planned_at.get(moved, self._planned_at) >= PLAN_EVERY:
+                if move >= 1 and cycle - self._class_planned_at.get(moved, self._planned_at) >= self.config.plan_every:
                     self._replan_class(moved, inputs, cycle)
             return
         if partial:
@@ -140,7 +134,7 @@ class Planner:
         self._class_planned_at = {}
         self._inputs = inputs
         self.replans += 1
-        full = self.replans % FULL_SEARCH_EVERY == 0  # the first plan starts from the hints
+        full = self.replans % self.config.full_search_every == 0  # the first plan starts from the hints
         # The n-gram chains keep their draft lengths, re-scored when a cycle of their class
         # needs them; their lengths are searched again when their own estimates move
         # (_replan_class), at the periodic full search and when the problem changed (room,
@@ -148,7 +142,7 @@ class Planner:
         rescore = set() if full or math.isinf(base) else set(self.ngram_keys)
         cost = functools.lru_cache(maxsize=None)(functools.partial(self._batch_cost, batch=batch))
         self.plan = Plan(inputs, cost, self.grid, inputs.room if inputs.room <= self.longest else None, full, rescore,
-                         self.lookup, self.lookup_grid)
+                         self.lookup, self.lookup_grid, self.config)
         self._previous_by_class = {**self._previous_by_class, **self._by_class}
         self._by_class = {}
         self._best, self._optimistic = self._plans([c for c in self.chains if self.lookup not in c], None,
@@ -170,16 +164,16 @@ class Planner:
         # Chains run in size order, so a proposer is always smaller than its verifier.
         keys = self.ngram_keys if classes is None else classes
         pairs = [*itertools.combinations(self.models, 2), *((k, m) for k in keys for m in self.models)]
-        acc = self.acceptance
-        table = acc.table(pairs, self.estimate_names(), CAUTION_Z)
+        acc, c = self.acceptance, self.config
+        table = acc.table(pairs, self.estimate_names(), c.caution_z)
         rates = table.rate
         optimistic, stale = {}, set()
         for j, i in pairs:
-            bonus = rates[(j, i)] + EXPLORE_BONUS / math.sqrt(table.count[(j, i)] + 1)
+            bonus = rates[(j, i)] + c.explore_bonus / math.sqrt(table.count[(j, i)] + 1)
             low = acc.stale_low(j, i)
             if low is not None:
                 stale.add((j, i))
-            optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
+            optimistic[(j, i)] = min(c.optimistic_cap, max(bonus, low or 0.0))
         return PlanInputs(rates, optimistic, table.cautious, table.bold, stale, {(j, i): acc.fill(j, i) for j, i in pairs},
                           self.costs.snapshot(), self.costs.refits, self.costs.row_seconds(row_kind), self.window(room),
                           batch)
@@ -194,10 +188,11 @@ class Planner:
         # the target's level was ever set left the first plans, at ~2 s a token, standing, and
         # a 0.5B draft of 23 tokens was probed against them). A cost key that came is a size
         # timed for the first time, whose correction was 1 until then.
+        c = self.config
         if old is None or old.batch != new.batch or old.refits != new.refits:
             return math.inf, {}
         if old.room != new.room:  # the room cut another length off the grid (window): at once
-            return BIG_MOVE, {}
+            return c.big_move, {}
         # Model costs count relative to the target's: a level that moves for all (the machine's
         # speed, which jitters by several % from forward to forward) changes no choice, while
         # it re-planned every few cycles. Shapes (model@n) are relative already: they are
@@ -209,13 +204,13 @@ class Planner:
             value = costs.get(key, 1.0)
             return value / costs.get(t, 1.0) if key in self.models else value
 
-        base = [abs(relative(new.costs, k) - relative(old.costs, k)) / (COST_TOLERANCE * max(abs(relative(old.costs, k)), 1e-9))
+        base = [abs(relative(new.costs, k) - relative(old.costs, k)) / (c.cost_tolerance * max(abs(relative(old.costs, k)), 1e-9))
                 for k in new.costs if k not in ("overhead", self.lookup, t)]
-        if self.lookup in old.costs:  # a lookup of ~20 us: its level jitters by tens of %, harmlessly
+        if self.lookup in old.costs:  # a lookup's level jitters by tens of %, harmlessly: its seconds count
             seconds = self.costs.profile.lookup_seconds[self.lookup]
-            base.append(abs(new.costs[self.lookup] - old.costs[self.lookup]) * seconds / 2e-4)
-        base.append(abs(new.costs["overhead"] - old.costs["overhead"]) / 5e-4)
-        base.append(abs(new.row - old.row) / 2e-4)
+            base.append(abs(new.costs[self.lookup] - old.costs[self.lookup]) * seconds / c.lookup_cost_tolerance)
+        base.append(abs(new.costs["overhead"] - old.costs["overhead"]) / c.overhead_tolerance)
+        base.append(abs(new.row - old.row) / c.row_tolerance)
         classes: dict[str, float] = {}
 
         def note(pair: Pair, move: float) -> None:
@@ -224,19 +219,19 @@ class Planner:
             else:
                 base.append(move)
 
-        for (old_table, tolerance), (new_table, _) in zip(old.tolerance_tables(), new.tolerance_tables()):
+        for old_table, new_table, tolerance in zip(old.moving_tables(), new.moving_tables(), PlanInputs.tolerances(c)):
             for pair, value in new_table.items():  # the pairs measured (refresh)
                 note(pair, abs(value - old_table[pair]) / tolerance)
         for pair in {pair for pair in old.stale if pair in new.rates} ^ new.stale:
-            note(pair, BIG_MOVE)  # a pair became worth probing, or stopped being
+            note(pair, c.big_move)  # a pair became worth probing, or stopped being
         return max(base), classes
 
-    @staticmethod
-    def _due(move: float, cycles_since: int) -> bool:
-        # A small move waits until PLAN_EVERY cycles have passed since the last plan: the
-        # per-request estimates and the cost EMAs cross one tolerance most cycles, and a plan
-        # costs ~2 ms of Python, ~2.5% of a CPU token. A large move re-plans at once.
-        return move >= BIG_MOVE or (move >= 1 and cycles_since >= PLAN_EVERY)
+    def _due(self, move: float, cycles_since: int) -> bool:
+        """A small move (one tolerance) re-plans once plan_every cycles have passed since the
+        last plan (the per-request estimates and the cost averages cross one tolerance most
+        cycles); a big_move at once."""
+        c = self.config
+        return move >= c.big_move or (move >= 1 and cycles_since >= c.plan_every)
 
     def _replan_class(self, cls: str, inputs: PlanInputs, cycle: int) -> None:
         """Take up the new estimates of one match class of the n-gram (the plan's inputs are
@@ -267,7 +262,7 @@ class Planner:
         optimistic = {}
         for names in chains:
             pairs = self.pairs_to_probe(names, cls)
-            if any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in p.inputs.stale for j, i in pairs):
+            if any(self.acceptance.count(j, i) < self.config.confident or (j, i) in p.inputs.stale for j, i in pairs):
                 optimistic[names] = plan(names, Rates.OPTIMISTIC, previous[1])
         self.hints.record(best, Rates.ESTIMATE, cls)
         self.hints.record(optimistic, Rates.OPTIMISTIC, cls)

@@ -33,6 +33,7 @@ from tqdm import tqdm
 from specrouter.backends.base import Backend
 from specrouter.drafters import MODEL_FREE
 from specrouter.errors import BackendError, InvalidParameterError
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.costs import LONG_CONTEXT, PROFILED_CONTEXT, CostProfile, OnlineCosts
 from specrouter.router.persist import locked, write_atomic
 
@@ -40,9 +41,6 @@ from specrouter.router.persist import locked, write_atomic
 #: the verification forwards (k + 1 tokens) of the router's coarse draft lengths
 #: (scheduler.DRAFT_GRID, LOOKUP_GRID): those are timed, not interpolated.
 PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-#: Repeats per size: 3 keeps the default pool under a minute (a sweep of the q4 1.5B's sizes:
-#: ~2 s on a 2-core EPYC, 2026-12-05).
-PROFILE_REPEATS = 3
 #: Batched forwards: B sequences of n tokens each in one call (what serving runs). Few
 #: points: between and beyond them the cost is interpolated over B as over n.
 PROFILE_BATCHES = (2, 4, 8)
@@ -56,7 +54,7 @@ _PREFIX_TEXT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"
 def profile_model(
     backend: Backend,
     ns: Sequence[int] = PROFILE_NS,
-    repeats: int = PROFILE_REPEATS,
+    repeats: int = DEFAULT_CONFIG.profile_repeats,
     clock: Callable[[], float] = time.perf_counter,
     bar: tqdm | None = None,
 ) -> dict[int, float]:
@@ -67,7 +65,7 @@ def profile_model(
 def time_forwards(
     backend: Backend,
     ns: Sequence[int] = PROFILE_NS,
-    repeats: int = PROFILE_REPEATS,
+    repeats: int = DEFAULT_CONFIG.profile_repeats,
     clock: Callable[[], float] = time.perf_counter,
     bar: tqdm | None = None,
     context: int = PROFILED_CONTEXT,
@@ -98,37 +96,23 @@ def time_forwards(
 
 
 # Sanity of a profile ----------------------------------------------------------------
-#: No forward costs this much less than the one over the fewest tokens. (Between larger
-#: sizes real curves are jagged: kernels change with n, e.g. an fp32 torch 1.5B on a CPU
-#: timed 1,120 ms at 12 tokens and 663 ms at 16, a q4 llama.cpp one 199 ms at 3 and 136 at 4.)
-NON_PHYSICAL_DROP = 0.75
-#: Repeats of one size this far apart (max / min, the median over sizes) were timed on a
-#: machine whose speed moved while profiling.
-REPEAT_SPREAD = 1.5
-#: Share of the machine's cores that other processes may use while a profile is timed.
-BUSY_SHARE = 0.25
-#: Shortest timing or profiling span that says anything about the machine (CPU counters
-#: tick every 10 ms; a microsecond forward times the clock and Python).
-MIN_TIMED = 1e-3
-MIN_SPAN = 1.0
-
-
-def implausible(table: dict[int, float]) -> str | None:
-    """Why a cost curve cannot describe a forward (None: it can): a size costs far less than
-    the smallest size timed."""
+def implausible(table: dict[int, float], config: RouterConfig = DEFAULT_CONFIG) -> str | None:
+    """Why a cost curve cannot describe a forward (None: it can): a size costs less than the
+    config's non_physical_drop times the smallest size timed."""
     ns = sorted(table)
     first = ns[0]
     for n in ns[1:]:
-        if table[n] < NON_PHYSICAL_DROP * table[first]:
+        if table[n] < config.non_physical_drop * table[first]:
             return f"{n} tokens cost {table[n] * 1e3:.1f} ms, less than {first} ({table[first] * 1e3:.1f} ms)"
     return None
 
 
-def unsteady(times: dict[int, list[float]]) -> str | None:
-    """Why repeated timings cannot be trusted (None: they can). Sizes timed under
-    MIN_TIMED seconds are left out: the clock and Python dominate them."""
-    spreads = [max(t) / min(t) for t in times.values() if len(t) > 1 and min(t) >= MIN_TIMED]
-    if spreads and statistics.median(spreads) > REPEAT_SPREAD:
+def unsteady(times: dict[int, list[float]], config: RouterConfig = DEFAULT_CONFIG) -> str | None:
+    """Why repeated timings cannot be trusted (None: they can): the repeats of a size are
+    further apart than repeat_spread (the median over sizes). Sizes timed under min_timed
+    seconds are left out: the clock and Python dominate them."""
+    spreads = [max(t) / min(t) for t in times.values() if len(t) > 1 and min(t) >= config.min_timed]
+    if spreads and statistics.median(spreads) > config.repeat_spread:
         return f"repeats of one size differ by {statistics.median(spreads):.2f}x (median over sizes)"
     return None
 
@@ -153,16 +137,16 @@ def cpu_sample() -> CpuSample:
     return CpuSample(time.monotonic(), machine, times.user + times.system)
 
 
-def busy(start: CpuSample, end: CpuSample, cores: int | None = None) -> str | None:
+def busy(start: CpuSample, end: CpuSample, cores: int | None = None, config: RouterConfig = DEFAULT_CONFIG) -> str | None:
     """Why the machine was too busy between the two samples for timings taken then to
-    describe the model alone (None: it was not): other processes used more than BUSY_SHARE
-    of its cores (this process's own threads do not count). Spans under MIN_SPAN: no verdict."""
+    describe the model alone (None: it was not): other processes used more than busy_share
+    of its cores (this process's own threads do not count). Spans under min_span: no verdict."""
     wall = end.wall - start.wall
-    if start.machine is None or end.machine is None or wall < MIN_SPAN:
+    if start.machine is None or end.machine is None or wall < config.min_span:
         return None
     cores = cores or os.cpu_count() or 1
     others = max(0.0, (end.machine - start.machine) - (end.own - start.own)) / (wall * cores)
-    if others > BUSY_SHARE:
+    if others > config.busy_share:
         return f"other processes used {others:.0%} of the {cores} cores while it was timed"
     return None
 
@@ -171,7 +155,7 @@ def profile_batches(
     backend: Backend,
     batches: Sequence[int] = PROFILE_BATCHES,
     ns: Sequence[int] = PROFILE_BATCH_NS,
-    repeats: int = PROFILE_REPEATS,
+    repeats: int = DEFAULT_CONFIG.profile_repeats,
     clock: Callable[[], float] = time.perf_counter,
     bar: tqdm | None = None,
 ) -> dict[int, dict[int, float]]:
@@ -300,7 +284,8 @@ def _cache_file(directory: Path, backend: Backend, kind: str = "") -> Path:
     return directory / f"{safe}{kind}.json"
 
 
-def _read_cached(file: Path, key: dict, nested: bool = False, sizes: Sequence[int] = ()) -> dict | None:
+def _read_cached(file: Path, key: dict, nested: bool = False, sizes: Sequence[int] = (),
+                 config: RouterConfig = DEFAULT_CONFIG) -> dict | None:
     """The cached table when the file is valid, its key matches and it holds every size of
     `sizes` (one timed at other sizes is stale: the router would interpolate where it is
     meant to read a timing); None (with a warning) otherwise. nested: a batch table,
@@ -320,7 +305,7 @@ def _read_cached(file: Path, key: dict, nested: bool = False, sizes: Sequence[in
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         warnings.warn(f"profile cache {file} is corrupt ({exc.__class__.__name__}): re-profiling", stacklevel=4)
         return None
-    why = next(filter(None, map(implausible, table.values() if nested else [table])), None)
+    why = next(filter(None, (implausible(t, config) for t in (table.values() if nested else [table]))), None)
     if why:
         warnings.warn(f"profile cache {file} is not physical ({why}): re-profiling", stacklevel=4)
         return None
@@ -396,7 +381,7 @@ def install_profiles(directory: Path, files: dict[str, str]) -> list[str]:
 def _load_or_profile(
     backends: Iterable[Backend],
     directory: Path,
-    repeats: int = PROFILE_REPEATS,
+    repeats: int | None = None,
     ns: Sequence[int] = PROFILE_NS,
     force: bool = False,
     progress: bool = True,
@@ -404,6 +389,7 @@ def _load_or_profile(
     batches: Sequence[int] = PROFILE_BATCHES,
     given: CostProfile | None = None,
     sample: Callable[[], CpuSample] | None = None,
+    config: RouterConfig = DEFAULT_CONFIG,
 ) -> CostProfile:
     """Cached profiles where valid; the others are measured (one progress bar) and saved.
     Batched timings live in a file of their own (`<model>.batch.json`, same key), and so
@@ -417,6 +403,7 @@ def _load_or_profile(
     disagree (unsteady) or its curve is not physical (implausible). A cached curve that is
     not physical is measured again."""
     sample = sample or (cpu_sample if clock is time.perf_counter else _no_sample)
+    repeats = config.profile_repeats if repeats is None else repeats
     profile = CostProfile()
     todo, todo_batch, todo_context = [], [], []
     for backend in backends:
@@ -430,13 +417,14 @@ def _load_or_profile(
                 profile.batch_tables[backend.name] = given.batch_tables[backend.name]
             continue
         key = profile_key(backend)
-        table = None if force else _read_cached(_cache_file(directory, backend), key, sizes=ns)
+        table = None if force else _read_cached(_cache_file(directory, backend), key, sizes=ns, config=config)
         if table is None:
             todo.append((backend, key))
         else:
             profile.tables[backend.name] = table
         if holds_long_context(backend):
-            long = None if force else _read_cached(_cache_file(directory, backend, ".context"), key, sizes=CONTEXT_NS)
+            long = None if force else _read_cached(_cache_file(directory, backend, ".context"), key, sizes=CONTEXT_NS,
+                                                   config=config)
             if long is None:
                 todo_context.append((backend, key))
             else:
@@ -444,7 +432,8 @@ def _load_or_profile(
         if not backend.batches_natively:
             profile.looped.add(backend.name)  # nothing to measure: B calls in a row
         elif batches:
-            batched = None if force else _read_cached(_cache_file(directory, backend, ".batch"), key, nested=True)
+            batched = None if force else _read_cached(_cache_file(directory, backend, ".batch"), key, nested=True,
+                                                      config=config)
             if batched is None:
                 todo_batch.append((backend, key))
             else:
@@ -459,7 +448,7 @@ def _load_or_profile(
                 times = time_forwards(backend, ns, repeats, clock=clock, bar=bar)
                 table = {n: statistics.median(t) for n, t in times.items()}
                 profile.tables[backend.name] = table
-                why = busy(start, sample()) or unsteady(times) or implausible(table)
+                why = busy(start, sample(), config=config) or unsteady(times, config) or implausible(table, config)
                 if why:
                     warnings.warn(f"the profile of {backend.name} is used for this run only, not cached: {why}",
                                   stacklevel=3)
@@ -471,7 +460,7 @@ def _load_or_profile(
                 start = sample()
                 times = time_forwards(backend, CONTEXT_NS, repeats, clock=clock, bar=bar, context=LONG_CONTEXT)
                 long = profile.context_tables[backend.name] = {n: statistics.median(t) for n, t in times.items()}
-                why = busy(start, sample()) or unsteady(times) or implausible(long)
+                why = busy(start, sample(), config=config) or unsteady(times, config) or implausible(long, config)
                 if why:
                     warnings.warn(f"the context table of {backend.name} is used for this run only, not cached: {why}",
                                   stacklevel=3)
@@ -485,7 +474,7 @@ def _load_or_profile(
                 if not batched:  # no batch fits the backend's slots: costs fall back to total tokens
                     continue
                 profile.batch_tables[backend.name] = batched
-                why = busy(start, sample())
+                why = busy(start, sample(), config=config)
                 if why:
                     warnings.warn(f"the batched profile of {backend.name} is used for this run only, not cached: "
                                   f"{why}", stacklevel=3)
@@ -514,7 +503,7 @@ def save_refined(costs: OnlineCosts, backends: Iterable[Backend], directory: Pat
     for backend in backends:
         factor = costs.refitted.get(backend.name)
         table = costs.profile.tables.get(backend.name)
-        if factor is None or table is None or implausible(table):
+        if factor is None or table is None or implausible(table, costs.config):
             continue
         _write(_cache_file(directory, backend), {"format": _FORMAT, "key": profile_key(backend),
                                                  "table": {str(n): s for n, s in table.items()}},

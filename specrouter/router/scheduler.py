@@ -83,6 +83,7 @@ from specrouter.cascade.chain import Chain, Level
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.errors import InvalidParameterError
 from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.draft_stop import ConfidenceStop
 from specrouter.router.observe import CycleLearner
 from specrouter.router.pacing import ChoicePacing, Kind, firm
@@ -93,24 +94,6 @@ from specrouter.router.store import RouterStore
 from specrouter.router.predictor import ChainSpec
 from specrouter.router.costs import OnlineCosts, row_kind
 
-HYSTERESIS = 0.05
-EXPLORE_FRACTION = 0.03  # leaves room for auto >= 0.97x of the best static choice
-#: Draft lengths searched per level: every length to 8, then coarser. Long drafts pay when
-#: verifying n tokens costs about as much as one (an fp32 target on a CPU: flat from 3 to
-#: 16 tokens; any GPU); on llama.cpp q4 targets the search never goes past a few. The
-#: longest is also the cap of a draft that stops on its confidence (draft_stop).
-#: Past 8 a draft of k is verified in one forward of k + 1 tokens (the bonus row), and the
-#: coarse lengths are chosen so that k + 1 is a multiple of 4 timed by the profiler
-#: (profiler.PROFILE_NS): kernels work in tiles of such sizes, and a forward of one token
-#: more than a tile costs up to a quarter more than the tile (docs/router-design.md, "Draft
-#: lengths on the kernels' tiles"); the router's cost of each length is then timed, not
-#: interpolated across such a step.
-DRAFT_GRID = (*range(1, 9), 11, 15, 23)
-#: Draft lengths of the model-free level, up to what its drafter says is worth asking.
-LOOKUP_GRID = (*DRAFT_GRID, 31, 47, 63)
-MAX_DECISIONS = 200  # per request: the first decision, every switch and probe, up to this many
-
-
 @dataclass
 class ProbeBudget:
     """The probes' account of a router and its sessions: `elapsed`, the seconds of every
@@ -120,7 +103,7 @@ class ProbeBudget:
     Sessions running at once read it before any of their probes is counted, so the
     sequences of a batch may together overdraw it by the probes they start in one step."""
 
-    fraction: float = EXPLORE_FRACTION
+    fraction: float = DEFAULT_CONFIG.explore_fraction
     elapsed: float = 0.0
     spent: float = 0.0
 
@@ -144,12 +127,10 @@ class Router:
         costs: OnlineCosts,
         acceptance: AcceptanceEstimator | None = None,
         use_ngram: bool = True,
-        draft_grid: Sequence[int] = DRAFT_GRID,
-        hysteresis: float = HYSTERESIS,
-        explore_fraction: float = EXPLORE_FRACTION,
         message: str | None = None,
         confidence_stop: bool = True,
         *,
+        config: RouterConfig = DEFAULT_CONFIG,
         shared_stop: ConfidenceStop | None = None,
         lookup: str = NGRAM_NAME,
         memory: SuffixMemory | None = None,
@@ -158,7 +139,6 @@ class Router:
         budget: ProbeBudget | None = None,
         hints: LengthHints | None = None,
         pacing: ChoicePacing | None = None,
-        lookup_grid: Sequence[int] = LOOKUP_GRID,
     ) -> None:
         """use_ngram: route a model-free level too, the drafter `lookup` names (MODEL_FREE);
         confidence_stop: a model drafting for the
@@ -170,8 +150,9 @@ class Router:
         the probes' account (shared by sessions; default a fresh one at explore_fraction); hints:
         the draft lengths sessions found last (shared: a request's first plans start there);
         pacing: how often sessions deliberate and their recent decisions (shared; pacing.py);
-        draft_grid, lookup_grid: the draft lengths searched for the models and for the
-        model-free level (the latter up to its drafter's `longest`)."""
+        config: the tuning (its draft_grid and lookup_grid: the draft lengths searched for the
+        models and for the model-free level, the latter up to its drafter's `longest`)."""
+        self.config = config
         self.target = target
         self.drafts = sorted(drafts, key=lambda m: m.params_b)
         self.models: list[Backend] = [*self.drafts, target]
@@ -180,7 +161,7 @@ class Router:
         #: The session's own model-free drafter (its evidence travels with its draft).
         self.lookup_drafter = MODEL_FREE[lookup]() if use_ngram else None
         #: How long answers ran: the horizon over which a catch-up is amortised (lengths.py).
-        self.lengths = lengths or AnswerLengths()
+        self.lengths = lengths or AnswerLengths(config=config)
         #: The process's cross-request memory and this session's request's part of it.
         self.memory, self.scope = memory, scope
         if memory is not None and self.lookup_drafter is not None:
@@ -188,20 +169,19 @@ class Router:
         #: The model-free level's name (None: none is routed).
         self.lookup = self.lookup_drafter.name if self.lookup_drafter else None
         self.costs = costs
-        self.acceptance = acceptance or AcceptanceEstimator()
-        self.grid = tuple(draft_grid)
-        self.lookup_grid = (tuple(k for k in lookup_grid if k <= self.lookup_drafter.longest)
+        self.acceptance = acceptance or AcceptanceEstimator(config=config)
+        self.grid = tuple(config.draft_grid)
+        self.lookup_grid = (tuple(k for k in config.lookup_grid if k <= self.lookup_drafter.longest)
                             if self.lookup_drafter else ())
         self.longest = max(self.grid + self.lookup_grid)
-        self.hysteresis, self.explore_fraction = hysteresis, explore_fraction
         #: The probes' account, shared by this router's sessions.
-        self.budget = budget or ProbeBudget(explore_fraction)
+        self.budget = budget or ProbeBudget(config.explore_fraction)
         self.message = message  # why the candidate set is what it is (e.g. no shared tokenizer)
         #: Where what the router learns is kept across processes (None: nowhere).
         self.store: RouterStore | None = None
         #: A model drafting for the target alone ends its draft when its confidence says going on
         #: no longer pays (draft_stop), at most max(grid) tokens on.
-        self.draft_stop = (shared_stop.session() if shared_stop else ConfidenceStop()) if confidence_stop else None
+        self.draft_stop = (shared_stop.session() if shared_stop else ConfidenceStop(config=config)) if confidence_stop else None
         self._levels: dict[str, Level] = {m.name: m for m in self.models}
         match_keys = []
         if self.lookup_drafter:
@@ -210,15 +190,15 @@ class Router:
         #: The last best draft lengths of this router's sessions (plan.LengthHints).
         self.hints = hints or LengthHints()
         #: How often this router's sessions deliberate (pacing.py), shared by them.
-        self.pacing = pacing or ChoicePacing()
+        self.pacing = pacing or ChoicePacing(config=config)
         #: Whether the last choice deliberated (False: it reused a recent decision).
         self.deliberated = True
         self.planner = Planner(self.acceptance, costs, target.name, self.grid, [m.name for m in self.drafts],
-                               self.lookup, match_keys, self.lookup_grid, self.hints)
+                               self.lookup, match_keys, self.lookup_grid, self.hints, config)
         self._chain_objs: dict[ChainSpec, Chain] = {}
         self.decisions: list[Decision] = []
         self.current: ChainSpec | None = None
-        self.learner = CycleLearner(self.acceptance, costs, target.name, self.lookup)
+        self.learner = CycleLearner(self.acceptance, costs, target.name, self.lookup, config)
         #: Sequences that advance together (set by the batch scheduler before choose): every
         #: forward then carries this many sequences' tokens, so it is costed at batch x n tokens.
         self.batch_size = 1
@@ -232,10 +212,9 @@ class Router:
         acceptance estimates (a view), the draft stop's calibration, the memory, the answer
         lengths, the probes' budget, the draft-length hints and the pacing."""
         return Router(self.target, self.drafts, self.costs, self.acceptance.view(), self.lookup_drafter is not None,
-                      self.grid, self.hysteresis, self.explore_fraction, self.message,
-                      self.draft_stop is not None, shared_stop=self.draft_stop,
+                      self.message, self.draft_stop is not None, config=self.config, shared_stop=self.draft_stop,
                       lookup=self.lookup or NGRAM_NAME, memory=self.memory, scope=scope, lengths=self.lengths,
-                      budget=self.budget, hints=self.hints, pacing=self.pacing, lookup_grid=self.lookup_grid)
+                      budget=self.budget, hints=self.hints, pacing=self.pacing)
 
     @property
     def chains(self) -> list[tuple[str, ...]]:
@@ -346,7 +325,7 @@ class Router:
         if current is not None:
             # The target alone replaces a chain that holds only once the chain loses for sure:
             # the standard errors between the cautious and the bold rate are the hysteresis there.
-            leave = best.spec != current.spec and best.score < (1 - self.hysteresis) * current.score
+            leave = best.spec != current.spec and best.score < (1 - self.config.hysteresis) * current.score
             if leave and not (current.holds and len(best.spec.names) == 1):
                 reason = "switch"
             else:
@@ -369,7 +348,7 @@ class Router:
             self._record(chosen.spec, reason, position, ranked)
         self.current = chosen.spec
         # Optimistic candidates are rivals too: a chain worth probing soon is no firm "no".
-        self.pacing.made(kind, chosen, target_ready and firm(chosen, (*ranked, *candidates)))
+        self.pacing.made(kind, chosen, target_ready and firm(chosen, (*ranked, *candidates), self.config.pacing_margin))
         return self._armed(chosen, position, cached)
 
     def _reusable(self, kind: Kind, position: int, room: int, cached: Mapping[str, int]) -> Scored | None:
@@ -472,7 +451,7 @@ class Router:
         options = []
         r = room if room <= self.longest else None
         for scored in candidates:
-            if scored.spec.names == chosen.spec.names or scored.score >= (1 - self.hysteresis) * chosen.score:
+            if scored.spec.names == chosen.spec.names or scored.score >= (1 - self.config.hysteresis) * chosen.score:
                 continue  # even optimism does not beat the current choice: nothing to learn
             # At its planned lengths, or where those cost more than the budget left, at the
             # shortest (a 16-token block verified by an fp32 target on a CPU costs more than
@@ -487,7 +466,7 @@ class Router:
         return min(options, key=lambda o: o[:2])[2] if options else None
 
     def _record(self, spec: ChainSpec, reason: str, position: int, ranked: list[Scored], probe: Scored | None = None) -> None:
-        if len(self.decisions) >= MAX_DECISIONS:
+        if len(self.decisions) >= self.config.max_decisions:
             return
         shown = ranked[:8] + ([probe] if probe is not None else [])
         names = sorted({n for s in shown for n in s.spec.names}, key=self.names.index)

@@ -36,6 +36,7 @@ from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.engine.phase import StepModels
 from specrouter.engine.request import ChainRouter
 from specrouter.errors import InvalidParameterError
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.costs import CostProfile
 from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.sim.host import NO_HOST, HostCosts
@@ -117,15 +118,17 @@ class BatchPrediction:
 def predict_batches(trace: Trace, profile: CostProfile, batches: Sequence[int] = BATCHES,
                     lookup: str = DEFAULT_LOOKUP, chains: Sequence[ChainChoice] | None = None,
                     price_prompt: bool = False, progress: Callable[[str], None] | None = None,
-                    phases: StepModels | None = None, host: HostCosts = NO_HOST) -> BatchPrediction:
+                    phases: StepModels | None = None, host: HostCosts = NO_HOST,
+                    config: RouterConfig = DEFAULT_CONFIG) -> BatchPrediction:
     """The target alone, every fixed chain of `chains` (default candidate_chains) and the
     router (one fresh router per batch size, its sessions sharing it) at each batch size;
     phases: which models a scheduler's step calls (default the scheduler's); host: the
-    engine's own work per call and row (sim/host.py; default unpriced)."""
+    engine's own work per call and row (sim/host.py; default unpriced); config: the router's
+    tuning."""
     if not batches or min(batches) < 1:
         raise InvalidParameterError(f"batch sizes must be >= 1, got {list(batches)}")
     fixed = list(chains if chains is not None else candidate_chains(trace, lookup))
-    replay = Replay(trace, profile, price_prompt, host)
+    replay = Replay(trace, profile, price_prompt, host, config=config)
     tps, speedup, drafted, best = {}, {}, {}, {}
     for b in batches:
         methods: dict[str, Callable[[], Chain | ChainRouter]] = {ALONE: lambda: replay.chain(ChainChoice((trace.target,), ()))}

@@ -10,9 +10,11 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import OPTED_OUT, MemoryScope, SuffixMemory
 from specrouter.errors import InvalidParameterError
 from specrouter.router.plan import match_key
-from specrouter.router.scheduler import DRAFT_GRID, LOOKUP_GRID
+from specrouter.router.config import DEFAULT_CONFIG
 
 from ..router_synth import linear, make_router, seconds_per_token
+
+DRAFT_GRID, LOOKUP_GRID = DEFAULT_CONFIG.draft_grid, DEFAULT_CONFIG.lookup_grid
 
 
 def repeating_target():

@@ -9,8 +9,11 @@ import time
 import pytest
 
 from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.learned import PERSIST_CAP, PairEstimate, read_estimates
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.learned import PairEstimate, read_estimates
 from specrouter.router.profiler import _write
+
+PERSIST_CAP = DEFAULT_CONFIG.persist_cap
 
 SEEDED = {"format": 2, "estimates": {"greedy|small|target": [0.5, 8]}}
 

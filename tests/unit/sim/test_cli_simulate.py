@@ -57,6 +57,20 @@ def test_host_ms_prices_the_engines_own_work_in_a_replay(files):
     assert host.label() in result.output
 
 
+def test_router_config_tunes_the_replayed_router(files):
+    from specrouter.router.config import DEFAULT_CONFIG
+
+    (files / "router.toml").write_text("explore_fraction = 0.0\ndraft_grid = [1]\nlookup_grid = [1]\n")
+    result = invoke(files / "trace.json", "--profile", files / "profile.json", "--router-config", files / "router.toml",
+                    "--json", files / "tuned.json")
+    assert result.exit_code == 0, result.output
+    trace, measured = Trace.load(files / "trace.json"), read_profile(files / "profile.json")
+    config = DEFAULT_CONFIG.replace(explore_fraction=0.0, draft_grid=(1,), lookup_grid=(1,))
+    expected = predict(trace, measured, config=config)
+    assert json.loads((files / "tuned.json").read_text())["speedup"] == expected.speedup
+    assert expected.speedup["auto"] != predict(trace, measured).speedup["auto"]  # the tuning moved auto
+
+
 def test_a_profile_file_is_replayed_fitted_non_decreasing(files):
     """A measured table whose n = 1 median sits above larger sizes' (a GPU's launch-bound
     jitter) is pooled before the replay: the replay equals predict() on the fitted profile,
