@@ -38,8 +38,9 @@ from specrouter.drafters import MODEL_FREE
 from specrouter.pool import Pool
 from specrouter.router import AcceptanceEstimator, OnlineCosts
 from specrouter.router.build import build_router
-from specrouter.router.costs import CostProfile
-from specrouter.router.profiler import load_or_profile, time_forwards
+from specrouter.router.estimates.costs import CostProfile
+from specrouter.router.estimates.profiler import time_forwards
+from specrouter.router.estimates.profile_cache import load_or_profile
 from specrouter.router.config import DEFAULT_CONFIG
 from specrouter.sim.simulate import decode_seconds
 from specrouter.sim.trace import Trace

@@ -411,7 +411,8 @@ def models_cmd(cache_dir) -> None:
 @_cache_option
 def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exact, gpu_layers, cache_dir) -> None:
     """Measure (or show the cached) seconds of a forward over n tokens, per model."""
-    from specrouter.router.profiler import PROFILE_BATCHES, load_or_profile, profile_lookups, read_profile
+    from specrouter.router.estimates.profiler import PROFILE_BATCHES, profile_lookups
+    from specrouter.router.estimates.profile_cache import load_or_profile, read_profile
 
     if load_file is not None:
         if model_specs or force or exact or gpu_layers:
@@ -438,8 +439,8 @@ def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exac
 
 
 def _print_profile(profile) -> None:
-    from specrouter.router.costs import LONG_CONTEXT
-    from specrouter.router.profiler import CONTEXT_NS, PROFILE_BATCH_NS, PROFILE_NS
+    from specrouter.router.estimates.costs import LONG_CONTEXT
+    from specrouter.router.estimates.profiler import CONTEXT_NS, PROFILE_BATCH_NS, PROFILE_NS
 
     # Sizes a profile did not time (a loaded one may have others) are interpolated, as the router does.
     width = max(len(m) for m in [*profile.tables, *profile.lookup_seconds])

@@ -186,7 +186,7 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         profile = roofline_profile(dev, trace.params_b, bytes_per_param)
         label = f"{dev.name}, {dev.overhead_ms} ms per forward, {bytes_per_param} bytes per parameter: SIMULATION"
     else:
-        from specrouter.router.profiler import read_profile
+        from specrouter.router.estimates.profile_cache import read_profile
 
         # Fitted non-decreasing in n (CostProfile.nondecreasing): a GPU's launch-bound medians
         # jitter, and a dip below n = 1 would discount every chain.

@@ -40,10 +40,11 @@ from specrouter.fleet.knowledge import FleetKnowledge, Report
 from specrouter.fleet.metrics import fleet_exposition
 from specrouter.fleet.remote import Admitted, ChoiceItem, RemoteService
 from specrouter.fleet.replica import EngineBuild, PoolBuild
-from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.learned import save_estimates
-from specrouter.router.profiler import cpu_model, default_profile_dir, install_profiles, profile_files
-from specrouter.router.store import RouterStore
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.learned import save_estimates
+from specrouter.router.estimates.profiler import cpu_model
+from specrouter.router.estimates.profile_cache import default_profile_dir, install_profiles, profile_files
+from specrouter.router.estimates.store import RouterStore
 from specrouter.server.app import create_app
 from specrouter.server.config import ServeConfig
 from specrouter.server.run import Engine

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from specrouter.router.learned import PairEstimate, pool_estimates
+from specrouter.router.estimates.learned import PairEstimate, pool_estimates
 
 
 @dataclass(frozen=True)

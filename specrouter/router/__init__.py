@@ -13,14 +13,15 @@ from pathlib import Path
 from specrouter.drafters.memory import SuffixMemory
 from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.errors import InvalidParameterError
-from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.predictor import ChainSpec, Prediction, predict
-from specrouter.router.costs import CostProfile, OnlineCosts
-from specrouter.router.profiler import default_profile_dir, load_or_profile, profile_model, read_profile
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
+from specrouter.router.estimates.profiler import profile_model
+from specrouter.router.estimates.profile_cache import default_profile_dir, load_or_profile, read_profile
 from specrouter.router.build import build_router
 from specrouter.router.scheduler import Decision, Router
-from specrouter.router.store import RouterStore
+from specrouter.router.estimates.store import RouterStore
 
 __all__ = ["DEFAULT_CONFIG", "AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "OnlineCosts", "Prediction",
            "Router", "RouterConfig", "auto_router", "build_router", "load_or_profile", "predict", "profile_model",

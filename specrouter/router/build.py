@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 from specrouter.backends.base import Backend
 from specrouter.errors import TokenizerMismatchError
-from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.costs import OnlineCosts
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.costs import OnlineCosts
 from specrouter.router.scheduler import Router
 from specrouter.vocab import check_shared_tokenizer
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 
-from specrouter.router.acceptance import Estimate
+from specrouter.router.estimates.acceptance import Estimate
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 
 

@@ -26,7 +26,7 @@ import copy
 import math
 
 from specrouter.drafters.ngram import NGRAM_NAME
-from specrouter.router.costs import FixedCosts
+from specrouter.router.estimates.costs import FixedCosts
 from specrouter.router.draft_stop import ConfidenceStop
 from specrouter.router.pacing import ChoicePacing
 from specrouter.router.scheduler import ProbeBudget, Router

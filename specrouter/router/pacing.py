@@ -51,7 +51,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.costs import ema
+from specrouter.router.estimates.costs import ema
 from specrouter.router.plan import Scored
 
 

@@ -82,17 +82,17 @@ from specrouter.drafters.ngram import NGRAM_NAME
 from specrouter.cascade.chain import Chain, Level
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.errors import InvalidParameterError
-from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.draft_stop import ConfidenceStop
-from specrouter.router.observe import CycleLearner
+from specrouter.router.learn import CycleLearner
 from specrouter.router.pacing import ChoicePacing, Kind, firm
 from specrouter.router.plan import Decision, DecisionInputs, LengthHints, Plan, Rates, Scored, level_key, match_key
-from specrouter.router.lengths import AnswerLengths
+from specrouter.router.estimates.lengths import AnswerLengths
 from specrouter.router.planner import Planner
-from specrouter.router.store import RouterStore
+from specrouter.router.estimates.store import RouterStore
 from specrouter.router.predictor import ChainSpec
-from specrouter.router.costs import OnlineCosts, row_kind
+from specrouter.router.estimates.costs import OnlineCosts, row_kind
 
 @dataclass
 class ProbeBudget:

@@ -37,7 +37,7 @@ from specrouter.engine.phase import StepModels
 from specrouter.engine.request import ChainRouter
 from specrouter.errors import InvalidParameterError
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.costs import CostProfile
+from specrouter.router.estimates.costs import CostProfile
 from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.simulate import ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains, drafted_cycles

@@ -46,10 +46,10 @@ from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import generate_stream
 from specrouter.engine.request import ChainRouter, GenerationResult
 from specrouter.errors import SpecRouterError
-from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.build import build_router
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.costs import CostProfile, OnlineCosts
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
 from specrouter.router.pacing import ChoicePacing
 from specrouter.router.scheduler import Router
 from specrouter.sim.host import NO_HOST, HostCosts, PricedChoices

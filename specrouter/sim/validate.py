@@ -54,7 +54,7 @@ from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.engine.request import GenerationResult
 from specrouter.router import auto_router
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.profiler import load_or_profile
+from specrouter.router.estimates.profile_cache import load_or_profile
 from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.machine import InterleavedProfile
 from specrouter.sim.simulate import (ALONE, AUTO, Prediction, candidate_chains, decode_seconds,

@@ -17,7 +17,7 @@ from ray import serve
 from specrouter.errors import ModelFileError
 from specrouter.fleet.deploy import APP_NAME, FleetStartError, drain_fleet, save_fleet, start_fleet
 from specrouter.router.config import DEFAULT_CONFIG
-from specrouter.router.store import RouterStore
+from specrouter.router.estimates.store import RouterStore
 from specrouter.server.config import RayConfig, ServeConfig
 
 from ..server.test_robustness import error_of, sse_data

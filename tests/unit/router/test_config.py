@@ -7,9 +7,9 @@ import pytest
 
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.errors import InvalidParameterError
-from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.costs import CostProfile, OnlineCosts
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
 
 from ..router_synth import PROMPT, family, make_router
 

@@ -4,7 +4,7 @@ a draft's prefill priced against it."""
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.router.config import DEFAULT_CONFIG
-from specrouter.router.lengths import AnswerLengths
+from specrouter.router.estimates.lengths import AnswerLengths
 
 from ..router_synth import PROMPT, linear
 from .test_scheduler import seeded_router

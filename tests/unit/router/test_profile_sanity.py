@@ -13,9 +13,9 @@ import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.router.config import DEFAULT_CONFIG
-from specrouter.router.costs import CostProfile, OnlineCosts
-from specrouter.router.profiler import (PROFILE_NS, CpuSample, busy, implausible, load_or_profile, save_refined,
-                                        unsteady)
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
+from specrouter.router.estimates.profiler import PROFILE_NS, CpuSample, busy, implausible, unsteady
+from specrouter.router.estimates.profile_cache import load_or_profile, save_refined
 
 from ..router_synth import linear
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.config import DEFAULT_CONFIG
-from specrouter.router.learned import PairEstimate, read_estimates
-from specrouter.router.profiler import _write
+from specrouter.router.estimates.learned import PairEstimate, read_estimates
+from specrouter.router.estimates.profile_cache import _write
 
 PERSIST_CAP = DEFAULT_CONFIG.persist_cap
 

@@ -10,7 +10,7 @@ from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cli import main
 from specrouter.cli_sim import read_prompts
 from specrouter.errors import InvalidParameterError
-from specrouter.router.profiler import read_profile
+from specrouter.router.estimates.profile_cache import read_profile
 from specrouter.sim.roofline import device, roofline_profile
 from specrouter.sim.simulate import predict
 from specrouter.sim.trace import Trace, record

@@ -23,11 +23,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from specrouter.router.acceptance import AcceptanceEstimator, pair_score
+from specrouter.router.estimates.acceptance import AcceptanceEstimator, pair_score
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.plan import match_key
 from specrouter.router.predictor import ChainSpec
-from specrouter.router.costs import OnlineCosts
+from specrouter.router.estimates.costs import OnlineCosts
 
 
 class CycleLearner:

@@ -78,7 +78,7 @@ from typing import NamedTuple
 
 from specrouter.cascade.rows import ops_of
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.learned import PairEstimate, read_estimates, save_estimates
+from specrouter.router.estimates.learned import PairEstimate, read_estimates, save_estimates
 
 @dataclass
 class Estimate:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specrouter.router.config import DEFAULT_CONFIG
-from specrouter.router.persist import locked, write_atomic
+from specrouter.router.estimates.persist import locked, write_atomic
 
 #: The cap of a pooled or loaded count unless one is given (RouterConfig.persist_cap).
 _CAP = DEFAULT_CONFIG.persist_cap
