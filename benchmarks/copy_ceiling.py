@@ -63,7 +63,7 @@ from specrouter.router import auto_router
 from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.estimates.costs import CostProfile, OnlineCosts
 from specrouter.router.estimates.profiler import profile_model
-from specrouter.router.scheduler import Router
+from specrouter.router.session import Router
 from specrouter.sim.simulate import drafted_cycles
 from specrouter.sim.validate import decode_seconds
 

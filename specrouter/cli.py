@@ -159,7 +159,9 @@ def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temper
                                     "an explicit chain ends at its target")
     if not auto and router_config_file:
         raise InvalidParameterError("--router-config works with --chain auto: an explicit chain is not routed")
-    router_config = _router_config(router_config_file)  # a bad file fails before any model loads
+    from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+
+    router_config = RouterConfig.load(router_config_file) if router_config_file else DEFAULT_CONFIG  # before models load
     pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1, exact=exact,
                 gpu_layers=GpuLayers.parse(gpu_layers))
     router = None
@@ -200,13 +202,6 @@ def _pulled_pool(cache_dir) -> list[str]:
     return sorted((n for n in DEFAULT_POOL if is_pulled(n, cache_dir)), key=lambda n: DEFAULT_POOL[n].params_b)
 
 
-def _router_config(file: Path | None):
-    """The RouterConfig of a --router-config file (the defaults without one)."""
-    from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-
-    return DEFAULT_CONFIG if file is None else RouterConfig.load(file)
-
-
 def _auto_router(pool: Pool, target_spec: str | None, cache_dir, profile_file: Path | None, lookup: str, config):
     from specrouter.router import auto_router
 
@@ -222,11 +217,7 @@ def _explain(r: GenerationResult, config=None, source: Path | None = None) -> st
     from `source`), first what it changed from the defaults."""
     lines = [f"-- router: {len(r.decisions)} decisions over {r.cycles} cycles"]
     if config is not None:
-        changed = config.changed()
-        lines.append(f"   config ({source or 'given'}): "
-                     + ", ".join(f"{key} = {_toml_value(value)}" for key, value in changed.items())
-                     + "; every other key at its default (docs/router.md)" if changed
-                     else "   config: the defaults (docs/router.md)")
+        lines.append(f"   config ({source}): {config.shown()}" if config.changed() else f"   config: {config.shown()}")
     for d in r.decisions:
         lines.append(f"   cycle {d['cycle']} (position {d['position']}): {d['reason']} {d['chosen']}")
         lines.append(f"     {'candidate':<58} {'pred ms/tok':>11} {'tok/cycle':>9} {'catch-up ms':>11} {'score':>8}")
@@ -248,13 +239,6 @@ def _explain(r: GenerationResult, config=None, source: Path | None = None) -> st
         names, lengths = r.chains_used[i]
         lines.append(f"   {n:>4} cycles: {' -> '.join(names)} {lengths or ''}")
     return "\n".join(lines)
-
-
-def _toml_value(value) -> str:
-    """A config value as it is written in a TOML file."""
-    if isinstance(value, tuple):
-        return "[" + ", ".join(map(str, value)) + "]"
-    return str(value)
 
 
 def _summary(r: GenerationResult) -> str:

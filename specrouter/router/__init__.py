@@ -15,12 +15,14 @@ from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.errors import InvalidParameterError
 from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.predictor import ChainSpec, Prediction, predict
+from specrouter.router.policy.predictor import ChainSpec, Prediction, predict
 from specrouter.router.estimates.costs import CostProfile, OnlineCosts
 from specrouter.router.estimates.profiler import profile_model
 from specrouter.router.estimates.profile_cache import default_profile_dir, load_or_profile, read_profile
 from specrouter.router.build import build_router
-from specrouter.router.scheduler import Decision, Router
+from specrouter.router.policy.record import DecisionRecord
+from specrouter.router.policy.state import Decision
+from specrouter.router.session import Router
 from specrouter.router.estimates.store import RouterStore
 
 __all__ = ["DEFAULT_CONFIG", "AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "OnlineCosts", "Prediction",

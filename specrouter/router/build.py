@@ -9,7 +9,7 @@ from specrouter.backends.base import Backend
 from specrouter.errors import TokenizerMismatchError
 from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.estimates.costs import OnlineCosts
-from specrouter.router.scheduler import Router
+from specrouter.router.session import Router
 from specrouter.vocab import check_shared_tokenizer
 
 

@@ -190,11 +190,24 @@ class RouterConfig:
         """The fields whose values differ from the defaults, in field order."""
         return {key: getattr(self, key) for key, default, _ in self.describe() if getattr(self, key) != default}
 
+    def shown(self) -> str:
+        """changed() as TOML lines would say it, in one line (--explain)."""
+        changed = self.changed()
+        if not changed:
+            return "the defaults (docs/router.md)"
+        return (", ".join(f"{key} = {_toml(value)}" for key, value in changed.items())
+                + "; every other key at its default (docs/router.md)")
+
     @classmethod
     def describe(cls) -> list[tuple[str, Any, str]]:
         """(key, default, meaning) of every field, in order: the reference docs/router.md lists."""
         fields = cls.__pydantic_fields__  # type: ignore[attr-defined]
         return [(f.name, fields[f.name].default, fields[f.name].description) for f in dataclasses.fields(cls)]
+
+
+def _toml(value: Any) -> str:
+    """A value as a TOML file writes it."""
+    return "[" + ", ".join(map(str, value)) + "]" if isinstance(value, tuple) else str(value)
 
 
 def _message(error: dict) -> str:

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from specrouter.router.estimates.acceptance import AcceptanceEstimator, pair_score
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.plan import match_key
-from specrouter.router.predictor import ChainSpec
+from specrouter.router.policy.plan import match_key
+from specrouter.router.policy.predictor import ChainSpec
 from specrouter.router.estimates.costs import OnlineCosts
 
 

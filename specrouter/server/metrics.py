@@ -22,7 +22,7 @@ from specrouter.cascade.chain import LevelStats
 from specrouter.engine.batch import KvUse
 from specrouter.engine.prefix_cache import PrefixCacheStats
 from specrouter.engine.request import GenerationResult
-from specrouter.router.pacing import ChoicePacing
+from specrouter.router.policy.pacing import ChoicePacing
 
 # vLLM's buckets: from one fast token to a long prompt on a busy CPU.
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

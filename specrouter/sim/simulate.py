@@ -50,8 +50,8 @@ from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.build import build_router
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.estimates.costs import CostProfile, OnlineCosts
-from specrouter.router.pacing import ChoicePacing
-from specrouter.router.scheduler import Router
+from specrouter.router.policy.pacing import ChoicePacing
+from specrouter.router.session import Router
 from specrouter.sim.host import NO_HOST, HostCosts, PricedChoices
 from specrouter.sim.trace import Trace
 

@@ -9,7 +9,7 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
 from specrouter.router.config import DEFAULT_CONFIG
 from specrouter.router.draft_stop import ConfidenceStop, confidence_bin
-from specrouter.router.predictor import closed_form_two_level
+from specrouter.router.policy.predictor import closed_form_two_level
 
 from ..router_synth import PROMPT, ScriptedRouter, linear, make_router
 

@@ -12,9 +12,9 @@ import pytest
 from specrouter.cascade.chain import CycleRunner
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.router.config import DEFAULT_CONFIG
-from specrouter.router.pacing import ChoicePacing, Kind, firm
-from specrouter.router.plan import Scored
-from specrouter.router.predictor import ChainSpec, Prediction
+from specrouter.router.policy.pacing import ChoicePacing, Kind, firm
+from specrouter.router.policy.plan import Scored
+from specrouter.router.policy.predictor import ChainSpec, Prediction
 from specrouter.state import SequenceState
 
 from ..router_synth import PROMPT, family, make_router

@@ -9,11 +9,11 @@ from specrouter.drafters.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.router import AcceptanceEstimator, OnlineCosts
-from specrouter.router.predictor import ChainSpec, closed_form_two_level, predict
+from specrouter.router.policy.predictor import ChainSpec, closed_form_two_level, predict
 from specrouter.router.config import DEFAULT_CONFIG
-from specrouter.router.plan import match_key
+from specrouter.router.policy.plan import match_key
 from specrouter.router.build import build_router
-from specrouter.router.scheduler import ProbeBudget
+from specrouter.router.policy.state import ProbeBudget
 
 from ..router_synth import (PROMPT, family, linear, make_router, profiled, rows_cost_simulated_time,
                            seconds_per_token, static_chains)

@@ -17,7 +17,7 @@ from specrouter.errors import InvalidParameterError
 from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts
 from specrouter.router.build import build_router
 from specrouter.router.estimates.costs import LONG_CONTEXT, PROFILED_CONTEXT
-from specrouter.router.pacing import ChoicePacing
+from specrouter.router.policy.pacing import ChoicePacing
 from specrouter.sim.host import HostCosts
 from specrouter.sim.roofline import DEVICES, Device, device, roofline_profile
 from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains,

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.plan import LengthHints, Pair, Plan, PlanInputs, Rates, Scored, level_key
+from specrouter.router.policy.plan import LengthHints, Pair, Plan, PlanInputs, Rates, Scored, level_key
 from specrouter.router.estimates.costs import OnlineCosts
 
 Plans = dict[tuple[str, ...], Scored]

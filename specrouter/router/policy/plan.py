@@ -22,7 +22,6 @@ error below and above: the guard to enter a chain and the one to leave it). Per 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.predictor import ChainSpec, Prediction, predict
+from specrouter.router.policy.predictor import ChainSpec, Prediction, predict
 
 #: Per pair (proposer key, verifier).
 Pair = tuple[str, str]
@@ -250,33 +249,3 @@ class LengthHints:
     def record(self, plans: dict[tuple[str, ...], Scored], kind: Rates, cls: str | None) -> None:
         for names, scored in plans.items():
             self._lengths[(names, kind, cls)] = scored.spec.draft_lengths
-
-
-@dataclass(frozen=True)
-class DecisionInputs:
-    """What a decision was made from, as `--explain` shows it (milliseconds, rounded)."""
-
-    #: Per shown pair "proposer->verifier": {"rate": estimate, "count": observations}.
-    acceptance: dict[str, dict[str, float]]
-    #: Per shown model: {"n tokens": ms of one forward} at n = 1, 2, 4, 8.
-    cost_ms: dict[str, dict[str, float]]
-    mode: str  # "greedy" or "sampled": which acceptance tables
-    ngram_match: str | None  # the match class of the cycle's lookup (None: no match)
-    overhead_ms_per_forward: float
-    row_ms: float
-    probe_budget_used_ms: float  # what the probes of the router and its sessions spent so far
-
-
-@dataclass
-class Decision:
-    cycle: int
-    position: int
-    chosen: ChainSpec
-    reason: str  # "start", "switch", "probe", "keep"
-    candidates: list[Scored]
-    inputs: DecisionInputs | None = None
-
-    def as_dict(self) -> dict:
-        return {"cycle": self.cycle, "position": self.position, "chosen": str(self.chosen),
-                "reason": self.reason, "candidates": [c.as_dict() for c in self.candidates],
-                "inputs": dataclasses.asdict(self.inputs) if self.inputs is not None else {}}

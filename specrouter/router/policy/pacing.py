@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.estimates.costs import ema
-from specrouter.router.plan import Scored
+from specrouter.router.policy.plan import Scored
 
 
 def firm(chosen: Scored, rivals: Iterable[Scored], margin: float = DEFAULT_CONFIG.pacing_margin) -> bool:
