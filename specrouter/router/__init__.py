@@ -1,8 +1,16 @@
-"""The router: profiled costs + estimated acceptance -> the fastest chain, per cycle.
+"""The router: before every cycle, the chain of models (cheapest first, target last) and draft
+lengths with the least expected time per committed token. It never touches tokens, only
+numbers; any chain it chooses keeps the output exact.
 
-profiler (measures what a forward costs here) and costs (the cost model), acceptance (how often a level's tokens survive the
-next), predictor (seconds per committed token of a chain), scheduler (the Router that
-picks the argmin before every cycle). The router never touches tokens, only numbers.
+config.py    RouterConfig: every tuning constant (docs/router.md: what each does, and why)
+estimates/   what it knows: costs (profiled, corrected online), acceptance, answer lengths,
+             and what of it outlives the process
+learn.py     what a cycle teaches the estimates
+policy/      decide(inputs, session_state, config) -> Decision: candidates, draft lengths,
+             caution, hysteresis, probes, pacing (no I/O, no clock)
+session.py   Router: the ChainRouter of one request (engine/request.py)
+frozen.py    FrozenRoutes: sessions for seeded requests, from a router's state at one moment
+build.py     which models may draft for a target
 """
 
 from __future__ import annotations
@@ -10,24 +18,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from specrouter.drafters.memory import SuffixMemory
 from specrouter.drafters import DEFAULT_LOOKUP
+from specrouter.drafters.memory import SuffixMemory
 from specrouter.errors import InvalidParameterError
-from specrouter.router.estimates.acceptance import AcceptanceEstimator
-from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.policy.predictor import ChainSpec, Prediction, predict
-from specrouter.router.estimates.costs import CostProfile, OnlineCosts
-from specrouter.router.estimates.profiler import profile_model
-from specrouter.router.estimates.profile_cache import default_profile_dir, load_or_profile, read_profile
 from specrouter.router.build import build_router
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
+from specrouter.router.estimates.profile_cache import default_profile_dir, load_or_profile, read_profile
+from specrouter.router.estimates.profiler import profile_model
+from specrouter.router.estimates.store import RouterStore
+from specrouter.router.policy.predictor import ChainSpec, Prediction, predict
 from specrouter.router.policy.record import DecisionRecord
 from specrouter.router.policy.state import Decision
 from specrouter.router.session import Router
-from specrouter.router.estimates.store import RouterStore
 
-__all__ = ["DEFAULT_CONFIG", "AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "OnlineCosts", "Prediction",
-           "Router", "RouterConfig", "auto_router", "build_router", "load_or_profile", "predict", "profile_model",
-           "read_profile"]
+
+__all__ = ["DEFAULT_CONFIG", "AcceptanceEstimator", "ChainSpec", "CostProfile", "Decision", "DecisionRecord",
+           "OnlineCosts", "Prediction", "Router", "RouterConfig", "auto_router", "build_router", "load_or_profile",
+           "predict", "profile_model", "read_profile"]
 
 
 def auto_router(pool, target: str | None, candidates: Sequence[str], profile_dir: Path | None = None,

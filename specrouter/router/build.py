@@ -34,10 +34,10 @@ def sharing_drafts(target: Backend, models: Sequence[Backend]) -> tuple[list[Bac
 def build_router(target: Backend, models: Sequence[Backend],
                  costs: OnlineCosts | Callable[[list[Backend]], OnlineCosts],
                  acceptance: AcceptanceEstimator | None = None, **kw) -> Router:
-    """A Router over the target, the given models that can draft for it, and the n-gram level.
+    """A Router over the target, the given models that can draft for it, and the model-free level.
     `costs` may be a function of the models kept (so only those get profiled).
     With no model sharing the target's tokenizer it says so: only the target alone and
-    the n-gram level (model-free, it shares any tokenizer) remain."""
+    the model-free level (it shares any tokenizer) remain."""
     drafts, skipped = sharing_drafts(target, models)
     if not isinstance(costs, OnlineCosts):
         costs = costs([*drafts, target])

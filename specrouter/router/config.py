@@ -163,7 +163,8 @@ class RouterConfig:
             if key not in names:
                 close = difflib.get_close_matches(str(key), names, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise InvalidParameterError(f"invalid {source}: unknown key {key!r}{hint}; the keys are in docs/router.md")
+                raise InvalidParameterError(f"invalid {source}: unknown key {key!r}{hint}; "
+                                            "the keys are in docs/router.md")
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
         try:
             return cls(**values)

@@ -1,10 +1,8 @@
 """When a drafting model should stop drafting: the router's DraftStop (cascade.chain).
 
 A draft length k is a bet on the average position; the draft's own confidence says where
-this block stands. Teacher-forced over 601 tokens of HumanEval and GSM8K, a q4 0.5B
-agreed with the fp32 1.5B's greedy choice at 40% of the positions where its top
-probability was below 0.5, 74% at 0.5-0.7 and 98% above 0.7; most rejections fall on
-its unconfident tokens. So after every drafted token the rule weighs drafting m more:
+this block stands (a draft's rejections fall mostly on the tokens it was unsure of). So
+after every drafted token the rule weighs drafting m more:
 
     gain(m) = lam * R * (a + a^2 + ... + a^m) - (m * t_d + V(n + m + 1) - V(n + 1))
 
@@ -13,19 +11,17 @@ calibrated acceptance of their confidences), a the pair's acceptance rate for to
 drafted yet, t_d one draft forward, V(n) the verification of n tokens, lam the chain's
 seconds per token (what a committed token is worth: minimising cycle cost - lam * tokens
 minimises cost per token, Dinkelbach). It drafts on while some m <= cap - n gains.
-Every m is weighed, not only the next one: where verifying 3 tokens costs what 17 do
-(an fp32 target on a CPU), stopping at 2 saves no verification. Replayed on the greedy
-text of 10 HumanEval / GSM8K prompts (798 positions, the EPYC's fp32 costs,
-benchmarks/draft_stop_replay.py): fixed 16-token drafts 139 ms a token (8: 148, 24: 154),
-the rule 130 with a cap of 16 or 24 (median per prompt 1.035x and 1.05x the fixed 16).
+Every m is weighed, not only the next one: where verifying 3 tokens costs what 17 do, stopping
+at 2 saves no verification. The rule weighs every fixed continuation from where it stands (a
+rollout of the fixed lengths), so it does at least about as well as the planned length.
 
-Calibration: the chance of acceptance per confidence bin, learnt from every verified
-block of the pair (positions up to the first rejection), starting from the bin's own
-confidence with PRIOR_COUNT pseudo-scores; bins are shared by all requests, EMAs that
-remember ~40 scores (ALPHA): a draft that was confidently wrong for a stretch must not
-cut its blocks for long after (they would teach a bin one score a cycle).
-A probe runs its planned length without stopping (`stopping=False`): it is there to
-measure the pair, and it teaches the calibration all the same.
+Calibration: the chance of acceptance per confidence bin (the config's stop_edges), learnt
+from every verified block of the pair (positions up to the first rejection), starting from
+the bin's stop_centers value weighing stop_prior_count scores; bins are shared by all
+requests, EMAs of step stop_alpha, so that a stretch where the draft was confidently wrong
+does not cut its blocks for long after. A probe runs its planned length without stopping
+(`stopping=False`): it is there to measure the pair, and it teaches the calibration all
+the same.
 """
 
 from __future__ import annotations
@@ -33,8 +29,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 
-from specrouter.router.estimates.acceptance import Estimate
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.estimates.acceptance import Estimate
+
 
 
 def confidence_bin(c: float, edges: Sequence[float] = DEFAULT_CONFIG.stop_edges) -> int:

@@ -26,11 +26,12 @@ import copy
 import math
 
 from specrouter.drafters.ngram import NGRAM_NAME
-from specrouter.router.estimates.costs import FixedCosts
 from specrouter.router.draft_stop import ConfidenceStop
+from specrouter.router.estimates.costs import FixedCosts
 from specrouter.router.policy.pacing import ChoicePacing
 from specrouter.router.policy.state import ProbeBudget
 from specrouter.router.session import Router
+
 
 
 class _NoProbes(ProbeBudget):

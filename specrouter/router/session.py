@@ -54,8 +54,9 @@ class Router:
     def __init__(self, target: Backend, drafts: Sequence[Backend], costs: OnlineCosts,
                  acceptance: AcceptanceEstimator | None = None, use_ngram: bool = True, message: str | None = None,
                  confidence_stop: bool = True, *, config: RouterConfig = DEFAULT_CONFIG,
-                 shared_stop: ConfidenceStop | None = None, lookup: str = NGRAM_NAME, memory: SuffixMemory | None = None,
-                 scope: MemoryScope = MemoryScope(), lengths: AnswerLengths | None = None,
+                 shared_stop: ConfidenceStop | None = None, lookup: str = NGRAM_NAME,
+                 memory: SuffixMemory | None = None, scope: MemoryScope = MemoryScope(),
+                 lengths: AnswerLengths | None = None,
                  budget: ProbeBudget | None = None, hints: LengthHints | None = None,
                  pacing: ChoicePacing | None = None) -> None:
         """use_ngram: route a model-free level too, the drafter `lookup` names (MODEL_FREE);

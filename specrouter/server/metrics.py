@@ -3,7 +3,7 @@
 Speculation counters move cycle by cycle (the worker adds BatchScheduler.take_spec_counts
 after every step), so a long request's drafting shows while it runs; request counters move
 when a request ends. The router's own counters (how often its sessions deliberated or reused
-a recent decision: router/pacing.py) stay where the router keeps them and are read at each
+a recent decision: router/policy/pacing.py) stay where the router keeps them and are read at each
 scrape (ChoiceCollector), and so do the prefix cache's (PrefixCacheCollector). Each Metrics
 has its own registry, so several servers (tests) in one process never share counters.
 Counters are exposed with prometheus_client's `_total` suffix, as vLLM's are (e.g.

@@ -10,7 +10,7 @@ That is how llama.cpp and torch batch on a CPU, and what the roofline (roofline.
 a device, up to the KV cache each sequence reads, which neither the profile nor the roofline
 counts (on the Qwen2.5 1.5B in fp16, 28 KB per cached token: 32 sequences of 600 tokens add
 about a sixth to its 3 GB of weights). The router runs one session per request over shared
-estimates, as in the server, and prices its chains at the batch's size (scheduler.py).
+estimates, as in the server, and prices its chains at the batch's size (router/policy/planner.py).
 
 The requests are queued all at once, the trace's requests `copies` times over (round-robin:
 the same script may run in several sequences at once; the replay backends give each sequence
@@ -32,16 +32,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specrouter.cascade.chain import Chain
+from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.engine.phase import StepModels
 from specrouter.engine.request import ChainRouter
 from specrouter.errors import InvalidParameterError
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.estimates.costs import CostProfile
-from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.simulate import ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains, drafted_cycles
 from specrouter.sim.trace import Trace
+
 
 #: Batch sizes the prediction reports by default (the issue's 1, 8 and 32, and between).
 BATCHES = (1, 8, 32)

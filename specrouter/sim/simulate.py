@@ -46,14 +46,15 @@ from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import generate_stream
 from specrouter.engine.request import ChainRouter, GenerationResult
 from specrouter.errors import SpecRouterError
-from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.build import build_router
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.estimates.costs import CostProfile, OnlineCosts
 from specrouter.router.policy.pacing import ChoicePacing
 from specrouter.router.session import Router
 from specrouter.sim.host import NO_HOST, HostCosts, PricedChoices
 from specrouter.sim.trace import Trace
+
 
 ALONE = "target alone"
 AUTO = "auto"
@@ -203,7 +204,7 @@ def drafted_cycles(r: GenerationResult) -> int:
 
 #: Draft lengths tried for fixed chains: per block of a model-free drafter, of a model draft,
 #: and per pair (level 0, level 1) of a three-level chain. Past 6, a draft of k is verified
-#: in k + 1 tokens, a size the profiler times (as in the router's grid: scheduler.DRAFT_GRID).
+#: in k + 1 tokens, a size the profiler times (as in the router's grid: RouterConfig.draft_grid).
 LOOKUP_LENGTHS = (2, 3, 7, 15, 31, 63)
 MODEL_LENGTHS = (1, 2, 3, 4, 6, 8, 11, 15)
 PAIR_LENGTHS = tuple((a, b) for a in (1, 2, 3, 7) for b in (3, 7, 15) if b >= a)

@@ -3,66 +3,52 @@
 What is estimated is the per-position acceptance rate `a` of the predictor's i.i.d.
 model, from the two distributions at every verified position the block reached, not
 from the 0/1 accept decisions: the expectation has far less variance than the coin flips.
-- sampling, model proposer: sum_x min(p(x), q(x)) = 1 - TV(p, q) (reference notes);
-- sampling, deterministic proposer (n-gram, q one-hot at x): p(x);
+- sampling, model proposer: sum_x min(p(x), q(x)) = 1 - TV(p, q);
+- sampling, deterministic proposer (a lookup, q one-hot at x): p(x);
 - greedy: 1 if the proposal is the verifier's argmax, else 0.
 A block is scored up to its first rejection (the accepted positions and the rejected
 one), not beyond: the predictor's `a` is the chance of going on from a position that
-was reached, and the positions after a disagreement answer another question, how
-often the draft's own continuation of a wording the verifier did not take agrees
-with it. They agree far less (measured: a q4 0.5B under the fp32 1.5B scored 0.71-0.84
-over all positions, while its 16-token blocks kept 8.2 tokens, which an i.i.d. rate
-of 0.91 gives and 0.8 halves), so scoring them made long drafts look twice as bad as
-they are. Under greedy the scores of a block are 1, ..., 1, 0: their mean over blocks
-is accepted / (accepted + rejections), the maximum-likelihood rate of the i.i.d. model
-(the benchmark fits its predictor-error table the same way, from tokens per block).
-Every reached position weighs one: a bad block is short by construction, so no cap
-per block is needed, and one would bias the rate low (long accepted runs would count
-less than the rejections that end short blocks). A proposer that returned fewer tokens
-than asked (the n-gram finding nothing) scores one 0 at the first missing position,
-when all it gave was accepted: for the block it ends exactly like a rejection there.
+was reached; the positions after a disagreement answer another question (how often the
+draft's own continuation of a wording the verifier did not take agrees with it). Under
+greedy the scores of a block are 1, ..., 1, 0: their mean over blocks is accepted /
+(accepted + rejections), the maximum-likelihood rate of the i.i.d. model. Every reached
+position weighs one: a bad block is short by construction, so no cap per block is needed,
+and one would bias the rate low. A proposer that returned fewer tokens than asked (a
+lookup finding nothing) scores one 0 at the first missing position, when all it gave was
+accepted: for the block it ends exactly like a rejection there.
 
-Per-request estimates shrink toward the global ones by count, n / (n + SHRINK): a new
-request starts from what earlier requests saw and moves to its own data (code and chat
-prompts accept very differently). Both are EMAs that start as plain means, so the
-first observations count fully and later drift is followed; the per-request one also
-restarts when its recent window clearly departs from it (Estimate).
+Per-request estimates shrink toward the global ones by count, n / (n + shrink): a new
+request starts from what earlier requests saw and moves to its own data. Both are EMAs
+(steps alpha_request, alpha_global) that start as plain means, so the first observations
+count fully and later drift is followed; the per-request one also restarts when its recent
+window clearly departs from it (Estimate).
 
 A per-request estimate goes stale when its pair stops running: a request that left a
-chain after a few bad blocks never observes that pair again, so without more a single
-unlucky stretch would keep the chain out for the rest of the request (seen: a q4 draft
-under an fp32 target left after 5 cycles, 100 cycles of target alone followed, though
-the chain paid on that prompt). So its weight is discounted by the text generated
-since it was last observed, halving every STALE_HALF_LIFE committed tokens, twice as
-many after each return that found the pair still below the global estimate (the
-discounting of non-stationary bandits, with backoff): the estimate drifts back to the
-global one, the scheduler tries the chain again once that predicts a gain (with its
-hysteresis), or probes it earlier at the global estimate (stale_low: after STRETCH tokens, with a wait
-that doubles at every return that finds the pair still below it). The discount is kept
-when a pair that sat out is observed again, so a probe's blocks outweigh the stretch
-that sent the pair out: one bad block of an fp32 target's 16-token drafts, then good
-text, is taken up again at the first probe. Pairs observed every cycle (the n-gram in
-the shadow) never age.
+chain after a few bad blocks would otherwise never observe that pair again. So its weight
+is discounted by the text generated since it was last observed, halving every
+stale_half_life committed tokens, twice as many after each return that found the pair
+still below the global estimate (the discounting of non-stationary bandits, with backoff):
+the estimate drifts back to the global one, the policy tries the chain again once that
+predicts a gain, or probes it earlier at the global estimate (stale_low: after `stretch`
+tokens, a wait that doubles at every such return). The discount is kept when a pair that
+sat out is observed again, so a probe's blocks outweigh the stretch that sent the pair out.
+Pairs observed every cycle (the lookup in the shadow) never age.
 
-How noisy an estimate is (cautious: the rate the scheduler's guard against the winner's
-curse uses, rate() less one standard error; bold, rate() plus one, what a running chain
-must lose at before it is left): the rate is a weighted mean of two
-independent estimates, so with score variance s2 its sampling variance is
-s2 (w^2 / n_request + (1 - w)^2 / n_global), w the request's shrinkage weight and the n
-the EMAs' effective sample sizes (an EMA of step alpha averages ~(2 - alpha) / alpha
-scores: a request's own estimate never counts more than ~19 positions, which is what
-lets it follow the text). s2 is the global estimate's tracked score variance, at most
-that of 0/1 scores (Laplace-smoothed while there are few), and the global mean is
-weighed against the prior by PRIOR_WEIGHT scores there: a class of n-gram matches seen
-twice, right twice, is not yet a rate of 1. Picking the argmin over noisy estimates
-favours those that are high by chance; a guard at one standard error undoes most of it.
+How noisy an estimate is (cautious: rate() less caution_z standard errors, the guard
+against the winner's curse; bold: plus as many, what a running chain must lose at before
+it is left): the rate is a weighted mean of two independent estimates, so with score
+variance s2 its sampling variance is
+    s2 (w^2 / n_request + (1 - w)^2 / n_global),
+w the request's shrinkage weight and the n the EMAs' effective sample sizes (an EMA of step
+alpha averages ~(2 - alpha) / alpha scores). s2 is the global estimate's tracked score
+variance, at most that of 0/1 scores (Laplace-smoothed while there are few), and the global
+mean is weighed against the prior by prior_weight scores there.
 
 Pairs never observed get a prior: the triangle inequality of TV gives
-a_ik >= a_ij + a_jk - 1 through any model j observed with both (it also holds for
-greedy agreement, by the union bound); it is a guaranteed lower bound, so using it is
-conservative. With no such path, DEFAULT_PRIOR, a deliberately pessimistic guess.
-Learning the pairs that priors make look unattractive is the scheduler's business:
-bounded probes, whose measured extra cost is capped at a fraction of generation time.
+a_ik >= a_ij + a_jk - 1 through any model j observed with both (it also holds for greedy
+agreement, by the union bound); it is a guaranteed lower bound, so using it is
+conservative. With no such path, default_prior. Learning the pairs that priors make look
+unattractive is the policy's business: bounded probes (policy/probes.py).
 """
 
 from __future__ import annotations
@@ -85,12 +71,11 @@ class Estimate:
     """EMA that starts as the plain mean (step 1/n until it reaches alpha).
 
     With `detect`, a change is followed at once: when the mean of the last change_window
-    scores departs by more than change_z standard errors (and min_jump) from the EMA as it stood before them (not as it
-    stands after, which they already pulled toward themselves: a drop from 0.7 to 0 was
-    never detected that way, one score a cycle), the EMA restarts from that window (its
-    mean, and its count). The variance is tracked slowly, so a change does not hide
-    itself. A draft that stops agreeing with its verifier (other text, another model) is
-    seen in WINDOW scores."""
+    scores departs by more than change_z standard errors (and at least min_jump) from the
+    EMA as it stood before them (not as it stands after: they already pulled it toward
+    themselves), the EMA restarts from that window (its mean, and its size as its count:
+    those scores are all that describe the new text). The variance is tracked slowly
+    (variance_alpha), so a change does not hide itself."""
 
     mean: float = 0.0
     count: float = 0.0
@@ -121,10 +106,6 @@ class Estimate:
                 window = sum(score for score, _ in self.recent) / size
                 reference = self.recent[0][1]  # the EMA before the window's first score
                 if abs(window - reference) > max(config.min_jump, config.change_z * math.sqrt(self.var / size)):
-                    # Restart from the window: its WINDOW scores are all that describe the new
-                    # text, so they weigh as WINDOW scores (kept at the old count, six 0/1
-                    # scores outweighed the global estimate 3:1, and one unlucky pair of
-                    # short blocks sent a paying fp32 chain out for the rest of the request).
                     self.mean, self.count = window, float(size)
                     self.recent.clear()
 
@@ -213,9 +194,7 @@ class AcceptanceEstimator:
     def advance(self, committed: int) -> None:
         """The request committed this many tokens (ages the per-request estimates). The pairs
         observed in the cycle that committed them are as fresh as its end: staleness counts the
-        tokens of cycles a pair sat out (counted from its last observation, a pair that ran
-        in every cycle of 16-token blocks looked as if it had sat out 13 tokens every cycle,
-        which aged it and set the probes' backoff, two cycles into a request)."""
+        tokens of cycles a pair sat out, not the tokens of the cycle that observed it."""
         self.position += committed
         for key in self._observed:
             if key in self.request:
@@ -287,8 +266,8 @@ class AcceptanceEstimator:
 
     def cautious(self, proposer: str, verifier: str, names: Sequence[str] = (), z: float = 1.0) -> float:
         """rate() less z times its noise (see the module docstring), with the global mean
-        weighed against the prior by PRIOR_WEIGHT scores (two lucky scores are no
-        evidence); 0 with no global data (a prior is a guess, not a measurement)."""
+        weighed against the prior by prior_weight scores; 0 with no global data (a prior is
+        a guess, not a measurement)."""
         shifted = self._shifted(proposer, verifier, self.prior(proposer, verifier, names), -z)
         return 0.0 if shifted is None else shifted
 
@@ -325,7 +304,7 @@ class AcceptanceEstimator:
 
     def stale_low(self, proposer: str, verifier: str) -> float | None:
         """The global estimate, when this request's own estimate sits below it and was not
-        observed for STRETCH committed tokens (its pair is not running), what the pair
+        observed for `stretch` committed tokens (its pair is not running), what the pair
         would do if the stretch of text that sent it out has passed. None otherwise."""
         g = self.global_.get((self.mode, proposer, verifier))
         r = self.request.get((proposer, verifier))
@@ -337,7 +316,7 @@ class AcceptanceEstimator:
         return g.mean
 
     def prior(self, proposer: str, verifier: str, names: Sequence[str] = ()) -> float:
-        """Triangle bound through any observed middle model, else DEFAULT_PRIOR."""
+        """Triangle bound through any observed middle model, else the default prior."""
         middles = [m for m in names
                    if m not in (proposer, verifier) and self.observed(proposer, m) and self.observed(m, verifier)]
         return self._prior_through(proposer, verifier, middles, self.rate)
@@ -353,8 +332,7 @@ class AcceptanceEstimator:
         """rate(), cautious(), bold() (all with `names`, at z) and count() of every pair of
         `names`, as those calls give them one at a time, in one pass: each pair's prior is
         computed once, and the counts and rates of the middle pairs the priors read once for
-        all (a router measures every pair before every cycle; one at a time, the priors'
-        loops over the names were most of its work). A middle needs both its pairs observed
+        all (a router measures every pair before a re-plan). A middle needs both its pairs observed
         (count() > 0): the observed pairs are read off the estimates held, not counted per
         pair of names."""
         observed = {(j, i) for (mode, j, i), g in self.global_.items() if mode == self.mode and g.count}

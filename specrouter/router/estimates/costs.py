@@ -1,19 +1,18 @@
 """The runtime cost model: seconds of one forward over n tokens, per model.
 
-CostProfile holds what was measured (specrouter.router.profiler measures it and keeps
-its disk cache): a table per model of {n tokens: seconds}, interpolated linearly in n
-between the measured sizes and extrapolated from the last two beyond them (catch-up
-runs past 32 tokens); batched calls have a table over B as well. OnlineCosts corrects
-it from the timings of real cycles (see there): what the router predicts with.
+CostProfile holds what was measured (profiler.py measures it, profile_cache.py keeps it on
+disk): a table per model of {n tokens: seconds}, interpolated linearly in n between the
+measured sizes and extrapolated from the last two beyond them (a catch-up may run past
+the sizes timed); batched calls have a table over B as well. OnlineCosts corrects it from
+the timings of real cycles (see there): what the router predicts with.
 
 The tables are timed after PROFILED_CONTEXT cached tokens. A forward after c cached tokens
 costs more: each of its n tokens attends over c keys (compute, linear in n c, on a CPU),
 and reads c tokens' K and V. Where a profile also holds a model's context table (the same
 forwards timed after LONG_CONTEXT tokens), `seconds_after` interpolates linearly in c
-between the two tables and extrapolates beyond (what it is on a CPU: docs/simulation.md,
-"The copy workloads, and what a long context costs"). The router's predictions do not
-read it yet (its OnlineCosts level follows a longer context as a whole); the simulator
-prices every replayed forward with it.
+between the two tables and extrapolates beyond. The router's predictions do not read it
+(its OnlineCosts level follows a longer context as a whole); the simulator prices every
+replayed forward with it.
 """
 
 from __future__ import annotations
@@ -67,8 +66,8 @@ def interpolate(table: dict[int, float], n: float) -> float:
 def nondecreasing(table: dict[int, float]) -> dict[int, float]:
     """The least-squares fit of a cost table that does not decrease with n (isotonic
     regression, pool adjacent violators): a forward of more tokens never costs less, so
-    where a measured median dips below a smaller size's (timing noise: a GPU forward bound by
-    kernel launches jitters by tens of percent) both are replaced by their mean, pooled
+    where a measured median dips below a smaller size's (timing noise) both are replaced by
+    their mean, pooled
     until the whole table is non-decreasing. A table that already is comes back unchanged."""
     blocks: list[list[float]] = []  # [sum, count] of each pooled run of sizes, in order of n
     for n in sorted(table):
@@ -167,10 +166,19 @@ class CostProfile:
 class OnlineCosts:
     """The profile, corrected by observed forwards: seconds(m, n) = profile_m(n) * level_m * shape_m(n).
 
-    level_m, an EMA of observed/profiled time over every forward of m, follows a model
-    that slows down or speeds up as a whole (another process on the cores, a longer
-    context) at every n after a few forwards at any n; shape_m(n), a slower EMA per
-    (model, n), corrects the profile's curve where cycles show it is off.
+    level_m, an EMA (cost_alpha) of observed/profiled time over every forward of m, follows
+    a model that slows down or speeds up as a whole (another process on the cores, a longer
+    context) at every n after a few forwards at any n; shape_m(n), a slower EMA (shape_alpha)
+    per (model, n), corrects the profile's curve where cycles show it is off.
+
+    A profile that disagrees with this machine (measured while other work ran, or on
+    another one) is replaced by a table fitted to the timed forwards (refit): at once when
+    one forward is more than early_disagree times faster than the profile allows (nothing
+    makes a forward faster than the machine runs it); when the median of the first
+    early_observed forwards is off by more than early_disagree either way; when the level
+    after min_observed forwards is off by more than `disagree`. A refitted table is fitted
+    again whenever a size it was not fitted to is timed (refined_table bounds the sizes not
+    timed). Other moves are the level's to follow.
 
     It works on its own copy of the profile: a refit replaces the copy's table, never the
     caller's (a simulator prices its machine with that profile; other routers may share it).
@@ -194,8 +202,7 @@ class OnlineCosts:
         #: none where the table is the profile scaled).
         self._fitted: dict[str, set[int]] = {}
         self.overhead_per_forward = overhead_per_forward  # Python work around each forward (feeding, bookkeeping)
-        #: Python work per logits row (warp, sample, verify), per kind of sampling (row_kind):
-        #: ~0.02 ms greedy, ~0.5 ms at a temperature, ~1 ms with top-p, on a 150k vocabulary.
+        #: Python work per logits row (warp, sample, verify), per kind of sampling (row_kind).
         self._row: dict[str, float] = {}
 
     def _shape_at(self, name: str, n: float) -> float:
@@ -290,13 +297,11 @@ class OnlineCosts:
         A forward reads its weights once for all its tokens, so its cost per token t(n) / n
         does not grow with n, and its curve is about concave (affine at worst). Below the
         smallest size timed, m, that gives t(n) >= t(m) n / m, the bound used: the line
-        through the larger sizes extended down overstates a single forward (a busy profile's
-        refit from a prefill of 118 tokens and verifications of 20-24 priced the q4 1.5B's
-        one-token forward at ~90 ms, where it takes 28, so drafting with the 0.5B looked
-        worth it and ran auto at ~0.6x the target alone, and the target's single forwards,
-        which would have shown it, never ran). Priced at the bound, a single forward is
-        cheap: the target runs alone, its single forwards are timed, and the table is
-        refitted with them (observe: every new size timed refits such a table). Above the
+        through the larger sizes extended down would overstate a single forward, make
+        drafting look worth it, and keep the target's single forwards (which would show it)
+        from ever running. Priced at the bound, a single forward is cheap: the target runs
+        alone, its single forwards are timed, and the table is refitted with them (observe:
+        every new size timed refits such a table). Above the
         largest, the line through the two largest sizes extended (an upper bound of a concave
         curve: long drafts priced dear), or t(m) n / m with one size timed."""
         samples = self._samples.get(name, ())

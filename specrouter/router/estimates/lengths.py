@@ -1,16 +1,15 @@
 """How many tokens a request will still write: the horizon over which a chain's one-time
 costs (a drafter catching up on a prompt it has not seen) are amortised.
 
-A chain whose drafter has not seen the prompt must first feed it (a 0.5B catching up on 700
-prompt tokens costs seconds on a CPU), which pays only if enough tokens follow. max_tokens
-bounds what follows, but an answer usually ends long before (a one-sentence summary of a
-long document: a dozen tokens of 256 allowed), and the answers a deployment gets tend to
-resemble each other. So the horizon of a request that has written g tokens is what the
-process's recent answers that ran past g wrote beyond g (the median of length - g over the
-last WINDOW finished answers longer than g: a request already past most of them is one
-of the long ones), at least 1 and at most the room; DEFAULT tokens before any answer
-ran past g (at most the room). Answers cut by max_tokens count at that length: a lower
-bound of theirs, so the horizon errs short, which keeps drafters out, the safe side.
+A chain whose drafter has not seen the prompt must first feed it, which pays only if enough
+tokens follow. max_tokens bounds what follows, but an answer often ends long before, and the
+answers a deployment gets tend to resemble each other. So the horizon of a request that has
+written g tokens is what the process's recent answers that ran past g wrote beyond g (the
+median of length - g over the last answers_window finished answers longer than g: a request
+already past most of them is one of the long ones), at least 1 and at most the room;
+default_horizon tokens before any answer ran past g (at most the room). Answers cut by
+max_tokens count at that length: a lower bound of theirs, so the horizon errs short, which
+keeps drafters out, the safe side.
 
 One AnswerLengths is shared by the sessions of a router (thread-safe).
 """

@@ -32,7 +32,7 @@ from specrouter.router.estimates.costs import LONG_CONTEXT, PROFILED_CONTEXT
 
 #: Timed sizes: dense where the cost curve bends (small n), sparse above, where they are
 #: the verification forwards (k + 1 tokens) of the router's coarse draft lengths
-#: (scheduler.DRAFT_GRID, LOOKUP_GRID): those are timed, not interpolated.
+#: (RouterConfig.draft_grid, lookup_grid): those are timed, not interpolated.
 PROFILE_NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 #: Batched forwards: B sequences of n tokens each in one call (what serving runs). Few
 #: points: between and beyond them the cost is interpolated over B as over n.
@@ -71,7 +71,7 @@ def time_forwards(
         backend.decode(seq, filler[:4], len(prefix), 4)  # warm-up: first calls allocate buffers
         backend.remove(seq, len(prefix))
         # Round-robin over the sizes, not all repeats of one size in a row: a slow stretch
-        # of the machine (seen: +30% for tens of seconds) then costs each size one sample,
+        # of the machine (tens of seconds at a time) then costs each size one sample,
         # which the median drops, instead of bending the curve at the sizes it fell on.
         times: dict[int, list[float]] = {n: [] for n in ns}
         for _ in range(repeats):
@@ -129,7 +129,8 @@ def cpu_sample() -> CpuSample:
     return CpuSample(time.monotonic(), machine, times.user + times.system)
 
 
-def busy(start: CpuSample, end: CpuSample, cores: int | None = None, config: RouterConfig = DEFAULT_CONFIG) -> str | None:
+def busy(start: CpuSample, end: CpuSample, cores: int | None = None,
+         config: RouterConfig = DEFAULT_CONFIG) -> str | None:
     """Why the machine was too busy between the two samples for timings taken then to
     describe the model alone (None: it was not): other processes used more than busy_share
     of its cores (this process's own threads do not count). Spans under min_span: no verdict."""

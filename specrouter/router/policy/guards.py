@@ -91,7 +91,8 @@ class Scoring:
             return None
         lookup = self.planner.lookup
         kin = family(current.names, lookup)
-        options = [s for s in ranked if s.sure and family(s.spec.names, lookup) == kin and s.spec.names != current.names]
+        options = [s for s in ranked
+                   if s.sure and family(s.spec.names, lookup) == kin and s.spec.names != current.names]
         if lookup not in current.names or self.inputs.match is not None:
             kept = self.check_sure(self.score(Scored(current, self.predict(current))), alone)
             if len(current.names) > 1:

@@ -2,46 +2,39 @@
 
 A routed sequence's choice (Router.choose: measure every pair, re-plan, rank, guard) is host
 work of d seconds before every cycle. A batch's sequences choose one after another, so a step
-of B sequences spends B d choosing before its forwards. On a CPU, where a step takes
-s = 25-1,000 ms and d ~ 0.5-1 ms, that is 0.1-3%; on a GPU (s ~ 1-5 ms) it is most of the step
-(docs/host-work.md: 32 sequences spend ~20-35 ms choosing against a ~1-2 ms H200 forward).
+of B sequences spends B d choosing before its forwards: next to a slow CPU forward that is
+little, next to a fast GPU forward it can be most of the step.
 
-ChoicePacing keeps the choices within FRACTION of generation time per kind of cycle. A
-session deliberates at most once every
+ChoicePacing keeps the choices within pacing_fraction (F) of generation time per kind of
+cycle. A session deliberates at most once every
 
-    every = ceil(B d / (FRACTION s))                                                   (1)
+    every = ceil(B d / (F s))                                                          (1)
 
-choices of a kind (d: a deliberation's seconds, s: a cycle's, both exponential averages
-of what the engine timed; B: the batch), and in between it may reuse the decision a session
-of the same router made within the last `every` choices of the same kind of cycle (Kind:
-the request's row kind, which sets the acceptance tables and the row cost, the batch size
-rounded up to a power of two, which prices every forward (decisions at 17 and at 32
-sequences differ little, and a batch that fills or drains passes through every size), and
-the model-free lookup's match class, which decides whether a model-free draft can run and
-how well it does). Counted per kind, the deliberations are a 1 / every share of all
-choices, whatever the mix of kinds: counted over all choices, as they were, kinds that
-alternate (a lookup's match classes change from cycle to cycle) found no decision of theirs
-recent, and a fast CPU's sessions (every = 2) reused ~10% of their choices where (1)
-allows half. A decision older than STALE spans (below) of the router's choices is not
-reused (a kind that comes rarely would otherwise keep a choice made long ago, on older
-evidence).
-The reusing session checks what is its own:
-the chain still runs (no model of it excluded) and no model of it must first catch up on
-tokens it missed (a catch-up is the choice's to weigh; router/planner.py prices it). Where
-the room is shorter than the decision's draft the chain cuts the draft to the room (as it
-would have been planned for the room, a little less well). Anything else deliberates: a
-request's first cycle, the cycle after a probe (whose observations the next choice must
-read), a kind not decided recently.
+choices of a kind (d: a deliberation's seconds, s: a cycle's, both exponential averages of
+step pacing_alpha of what the engine timed; B: the batch), and in between it may reuse the
+decision a session of the same router made within the last `every` choices of the same kind
+of cycle (Kind: the request's row kind, which sets the acceptance tables and the row cost;
+the batch size rounded up to a power of two, which prices every forward; the model-free
+lookup's match class, which decides whether a model-free draft can run and how well it
+does). Counted per kind, the deliberations are a 1 / every share of all choices, whatever
+the mix of kinds (kinds alternate: a lookup's match class changes from cycle to cycle). A
+decision older than pacing_stale spans of the router's choices is not reused (a kind that
+comes rarely would otherwise keep a choice made long ago, on older evidence).
 
-With every = 1 (a CPU whose forward is slow against the choice: B d / (FRACTION s) <= 1) every
-choice deliberates, as without pacing; on a fast CPU (d ~ 0.6 ms, s ~ 25 ms: every = 2)
-every other choice of a kind reuses that kind's last decision. A kind whose deliberations
-keep choosing the target alone by a margin (no chain within MARGIN of it, optimistic ones
-included: first-turn text on a CPU) waits twice as long after each, up to 2^AGREED times
-every. Reused decisions are exact like any other (any chain keeps the output's
-distribution); what they give up is the request's newest evidence for at most a span of
-choices of their kind (STALE spans in all), and their counts (deliberated, reused) say how
-often.
+The reusing session checks what is its own: the chain still runs (no model of it excluded)
+and no model of it must first catch up on tokens it missed (a catch-up is the choice's to
+weigh; planner.py prices it). Where the room is shorter than the decision's draft the chain
+cuts the draft to the room (as it would have been planned for the room, a little less well).
+Anything else deliberates: a request's first cycle, the cycle after a probe (whose
+observations the next choice must read), a kind not decided recently.
+
+With every = 1 (a forward slow against the choice: B d / (F s) <= 1) every choice
+deliberates, as without pacing. A kind whose deliberations keep choosing the target alone by
+a margin (no chain within pacing_margin of it, optimistic ones included) waits twice as long
+after each, up to 2^pacing_agreed times every. Reused decisions are exact like any other
+(any chain keeps the output's distribution); what they give up is the request's newest
+evidence for at most a span of choices of their kind (pacing_stale spans in all), and their
+counts (deliberated, reused) say how often.
 """
 
 from __future__ import annotations
@@ -108,9 +101,9 @@ class ChoicePacing:
 
     def recent(self, kind: Kind) -> Scored | None:
         """A decision for `kind` recent enough to reuse (None: deliberate): made within the
-        last span choices of its kind, and within the router's last STALE * span choices. The
-        span is every(batch), doubled for each deliberation in a row before it that chose
-        the target alone firmly, as it did (up to AGREED times; where every > 1: a
+        last span choices of its kind, and within the router's last pacing_stale * span
+        choices. The span is every(batch), doubled for each deliberation in a row before it that chose
+        the target alone firmly, as it did (up to pacing_agreed times; where every > 1: a
         deliberation is then the share of a cycle worth saving), and at most 2^m where it
         is the kind's m-th (a kind's first decisions rest on little evidence: they are
         renewed after 2, 4, 8, ... of its choices). Counts the choice."""
@@ -128,8 +121,8 @@ class ChoicePacing:
     def made(self, kind: Kind, scored: Scored, firmly: bool = False) -> None:
         """A deliberation chose `scored` for `kind`; `firmly`: as firm() says."""
         before = self._made.get(kind)
-        agreed = (min(before.agreed + 1, self.config.pacing_agreed) if firmly and before is not None and before.scored.spec == scored.spec
-                  else 0)
+        again = firmly and before is not None and before.scored.spec == scored.spec
+        agreed = min(before.agreed + 1, self.config.pacing_agreed) if again else 0
         self._made[kind] = _Made(scored, self.choices, self._kind_choices.get(kind, 0),
                                  before.made + 1 if before else 1, agreed)
 

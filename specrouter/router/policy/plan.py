@@ -1,23 +1,22 @@
 """A plan: what the router's choice is computed from, frozen at a re-plan, and the draft-length
 search over it.
 
-The router re-plans only when its inputs moved by more than a tolerance (scheduler.py says
+The router re-plans only when its inputs moved by more than a tolerance (planner.py says
 when); between re-plans every prediction is made from the same PlanInputs, so predictions are
 memoised per plan (`Plan.predict`) and a cycle that asks again what another asked costs a
 dictionary look-up.
 
 Draft lengths (`Plan.best_lengths`): for a chain of depth d, each of its d non-target levels
-takes a length from the grid. Two-level chains search the whole grid (MAX_EXHAUSTIVE); deeper
-ones by coordinate descent from the middle of the grid (a full plan ~15 ms instead of ~90 on
-four models). After a small move of the inputs the optimum moves little: `start` searches
-the grid neighbours of the last optimum instead (a tenth of a full search). Near the end of a
-request the room (tokens still allowed) cuts the grid: the target never takes more than
-room - 1 proposals.
+takes a length from the grid. Chains with at most max_exhaustive length combinations search
+them all; deeper ones by coordinate descent from the middle of the grid. After a small move of
+the inputs the optimum moves little: `start` searches the grid neighbours of the last optimum
+instead. Near the end of a request the room (tokens still allowed) cuts the grid: the target
+never takes more than room - 1 proposals.
 
 Acceptance tables (`Rates`): the estimate itself; optimistic (for probes: the estimate plus an
-exploration bonus, or a stale pair's global rate); cautious and bold (the estimate one standard
-error below and above: the guard to enter a chain and the one to leave it). Per pair
-(proposer key, verifier): the n-gram level's key is its match class (`level_key`).
+exploration bonus, or a stale pair's global rate); cautious and bold (the estimate caution_z
+standard errors below and above: the guard to enter a chain and the one to leave it). Per pair
+(proposer key, verifier): the model-free level's key is its match class (`level_key`).
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ class PlanInputs:
     cautious: dict[Pair, float]
     bold: dict[Pair, float]
     stale: set[Pair]  # pairs left after a bad stretch, worth probing at their global rate
-    fills: dict[Pair, float]  # share of the asked proposals a proposer gave (the n-gram finds fewer)
+    fills: dict[Pair, float]  # share of the asked proposals a proposer gave (a lookup finds fewer)
     costs: dict[str, float]  # the cost model's snapshot (OnlineCosts.snapshot)
     refits: int  # tables the cost model replaced so far (OnlineCosts.refits)
     row: float  # seconds of Python work per logits row
@@ -85,7 +84,7 @@ class PlanInputs:
         return [config.rate_tolerance] * 3 + [config.fill_tolerance]
 
     def take_class(self, cls: str, new: PlanInputs) -> None:
-        """Take up `new`'s values of the pairs whose proposer is `cls` (one n-gram match class)."""
+        """Take up `new`'s values of the pairs whose proposer is `cls` (one match class of the lookup)."""
         for mine, theirs in zip(self.moving_tables(), new.moving_tables()):
             mine.update((pair, v) for pair, v in theirs.items() if pair[0] == cls)
         self.optimistic.update((pair, v) for pair, v in new.optimistic.items() if pair[0] == cls)
@@ -129,7 +128,7 @@ class Plan:
     window: int | None
     #: This re-plan searches every chain's lengths afresh (not around the last optimum).
     full: bool
-    #: Match classes whose n-gram chains keep their lengths and are only predicted again.
+    #: Match classes whose lookup chains keep their lengths and are only predicted again.
     rescore: set[str]
     #: The model-free level (None: the router runs none).
     lookup: str | None = None
@@ -141,7 +140,7 @@ class Plan:
 
     def predict(self, spec: ChainSpec, kind: Rates = Rates.ESTIMATE, room: int | None = None,
                 cls: str | None = None) -> Prediction:
-        """The prediction at these inputs (memoised), with the n-gram's estimates of class `cls`."""
+        """The prediction at these inputs (memoised), with the lookup's estimates of class `cls`."""
         done = self.predictions.get((kind, cls, spec, room))
         if done is None:
             rates, fills = self.inputs.acceptance(kind), self.inputs.fills
@@ -153,7 +152,7 @@ class Plan:
         return done
 
     def forget_class(self, cls: str, new: PlanInputs) -> None:
-        """One n-gram match class's estimates moved: take them up and drop what was predicted
+        """One match class's estimates moved: take them up and drop what was predicted
         from the old ones (its chains are planned again when a cycle needs them)."""
         self.inputs.take_class(cls, new)
         for kind in Rates:

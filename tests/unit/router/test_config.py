@@ -43,6 +43,16 @@ def test_the_defaults_are_the_routers_tuning_and_every_key_has_its_unit_and_mean
     assert DEFAULT_CONFIG.changed() == {}
 
 
+def test_the_reference_lists_every_key_with_its_default_unit_and_meaning():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[3] / "docs" / "router.md").read_text()
+    for key, default, meaning in RouterConfig.describe():
+        shown = "[" + ", ".join(map(str, default)) + "]" if isinstance(default, tuple) else str(default)
+        unit, _, what = meaning.partition(": ")
+        assert f"| `{key}` | {shown} | {unit} | {what} |" in text, key
+
+
 @pytest.mark.parametrize(("table", "message"), [
     ({"hystersis": 0.1}, "unknown key 'hystersis' (did you mean 'hysteresis'?)"),
     ({"hysteresis": 1.5}, "hysteresis: Input should be less than 1 (got 1.5)"),

@@ -1,4 +1,4 @@
-"""The router's pacing (router/pacing.py): how often a session deliberates, and when it may
+"""The router's pacing (router/policy/pacing.py): how often a session deliberates, and when it may
 reuse a recent decision instead."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Learned state merged, not overwritten: the estimates file pools what every process learned
-(router/learned.py), under an inter-process lock, written atomically; profile tables are
-replaced whole, atomically (router/persist.py)."""
+(router/estimates/learned.py), under an inter-process lock, written atomically; profile tables are
+replaced whole, atomically (router/estimates/persist.py)."""
 
 import json
 import multiprocessing
