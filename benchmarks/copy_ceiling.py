@@ -60,10 +60,10 @@ from specrouter.engine import generate
 from specrouter.engine.request import GenerationResult
 from specrouter.pool import Pool
 from specrouter.router import auto_router
-from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.costs import CostProfile, OnlineCosts
-from specrouter.router.profiler import profile_model
-from specrouter.router.scheduler import Router
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
+from specrouter.router.estimates.profiler import profile_model
+from specrouter.router.session import Router
 from specrouter.sim.simulate import drafted_cycles
 from specrouter.sim.validate import decode_seconds
 

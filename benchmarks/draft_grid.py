@@ -38,9 +38,10 @@ from specrouter.drafters import MODEL_FREE
 from specrouter.pool import Pool
 from specrouter.router import AcceptanceEstimator, OnlineCosts
 from specrouter.router.build import build_router
-from specrouter.router.costs import CostProfile
-from specrouter.router.profiler import load_or_profile, time_forwards
-from specrouter.router.scheduler import DRAFT_GRID, LOOKUP_GRID
+from specrouter.router.estimates.costs import CostProfile
+from specrouter.router.estimates.profiler import time_forwards
+from specrouter.router.estimates.profile_cache import load_or_profile
+from specrouter.router.config import DEFAULT_CONFIG
 from specrouter.sim.simulate import decode_seconds
 from specrouter.sim.trace import Trace
 
@@ -87,7 +88,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as fresh:
         profile = load_or_profile([*drafts, target], Path(fresh), progress=False)
     routers = {AUTO_BEFORE: build_router(target, drafts, OnlineCosts(before(profile)), AcceptanceEstimator(),
-                                         lookup=LOOKUP, draft_grid=BEFORE_DRAFT_GRID, lookup_grid=BEFORE_LOOKUP_GRID),
+                                         lookup=LOOKUP, config=DEFAULT_CONFIG.replace(
+                                             draft_grid=BEFORE_DRAFT_GRID, lookup_grid=BEFORE_LOOKUP_GRID)),
                AUTO_NOW: build_router(target, drafts, OnlineCosts(profile), AcceptanceEstimator(), lookup=LOOKUP)}
     fixed = {f"suffix [{k}]": k for k in (15, 16, 63, 64)}
     methods = [*fixed, *routers]
@@ -114,7 +116,7 @@ def main() -> None:
     result = {"machine": machine_info(), "command": "python -m benchmarks.draft_grid " + " ".join(
                   f"--{k.replace('_', '-')} {v}" for k, v in shown.items()),
               "trace": str(args.trace.name), "trace_note": trace.note, "max_tokens": trace.max_tokens,
-              "grids": {"before": [BEFORE_DRAFT_GRID, BEFORE_LOOKUP_GRID], "now": [DRAFT_GRID, LOOKUP_GRID]},
+              "grids": {"before": [BEFORE_DRAFT_GRID, BEFORE_LOOKUP_GRID], "now": [DEFAULT_CONFIG.draft_grid, DEFAULT_CONFIG.lookup_grid]},
               "profile": profile.as_dict(), "curve": {str(c): {str(n): s for n, s in t.items()} for c, t in curve.items()},
               "rows": rows, "methods": methods, "minutes": round((time.time() - started) / 60, 1)}
     write_result(result, args.out, args.stem or f"draft-grid-{result['machine']['date'][:10]}", markdown)

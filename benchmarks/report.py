@@ -131,7 +131,7 @@ def _predictor(result: dict) -> str:
              *(e.get(f"median_relative_error | {m}", "") for m in modes), e["median_relative_error"],
              e["median_signed_error"], e.get("median_scaled_relative_error") or ""] for method, e in table.items()]
     return ("## Predictor error\n\n"
-            "Per fixed-chain run of the main comparison: `specrouter.router.predictor.predict` at the chain's draft "
+            "Per fixed-chain run of the main comparison: `specrouter.router.policy.predictor.predict` at the chain's draft "
             "lengths, with the profiled forward costs (the router's cached profile) and, per level pair, the "
             "acceptance measured in that run (the per-position rate whose expected accepted tokens per block, "
             "a + ... + a^m with m the proposals asked per block, equals the run's mean) and fill (proposals given / "

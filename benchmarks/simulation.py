@@ -44,8 +44,8 @@ from benchmarks.copy_drafting import build_prompts
 from benchmarks.machine import machine_info
 from specrouter.engine.phase import InPhase, ServeAll, StepModels
 from specrouter.pool import Pool
-from specrouter.router.costs import CostProfile
-from specrouter.router.profiler import read_profile
+from specrouter.router.estimates.costs import CostProfile
+from specrouter.router.estimates.profile_cache import read_profile
 from specrouter.sim.batched import BATCHES, predict_batches
 from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.roofline import device, roofline_profile

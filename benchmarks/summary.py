@@ -13,7 +13,7 @@ import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from specrouter.router.predictor import ChainSpec, predict
+from specrouter.router.policy.predictor import ChainSpec, predict
 
 BASELINE = "target alone"
 

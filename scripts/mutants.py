@@ -35,7 +35,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from specrouter.router.profiler import cpu_model
+from specrouter.router.estimates.profiler import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The exact block laws, the long-horizon laws and the rejection-path sentinel.

@@ -102,7 +102,7 @@ def device_info(device: str) -> dict:
     import torch
     import transformers
 
-    from specrouter.router.profiler import cpu_model
+    from specrouter.router.estimates.profiler import cpu_model
 
     info = {
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -73,6 +73,13 @@ _profile_option = click.option(
     help="Router costs from this JSON profile (`specrouter profile --json`, or the GPU check's) for the "
          "models it names; the others are profiled here.",
 )
+_router_config_option = click.option(
+    "--router-config", "router_config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Tune the router with this TOML file of RouterConfig keys (docs/router.md lists them with their "
+         "defaults); keys left out keep their defaults.",
+)
 
 
 def _grammar(json_schema, regex: str | None, grammar) -> Grammar | None:
@@ -126,10 +133,12 @@ def _grammar(json_schema, regex: str | None, grammar) -> Grammar | None:
                    "(a one-token forward then costs a four-token one; docs/cascade-and-exactness.md).")
 @_gpu_layers_option
 @_profile_option
+@_router_config_option
 @_cache_option
 def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temperature, top_k, top_p, min_p,
              frequency_penalty, presence_penalty, repetition_penalty, json_schema, regex, grammar, seed, max_tokens,
-             stop, n_ctx, threads, as_json, logprobs, exact, gpu_layers, profile_file, cache_dir) -> None:
+             stop, n_ctx, threads, as_json, logprobs, exact, gpu_layers, profile_file, router_config_file,
+             cache_dir) -> None:
     """Generate text with a chain of models."""
     if (prompt is None) == (chat is None):
         raise InvalidParameterError("give exactly one of --prompt TEXT or --chat TEXT")
@@ -148,12 +157,17 @@ def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temper
     if not auto and (target or explain or profile_file or lookup):
         raise InvalidParameterError("--target, --explain, --lookup and --profile work with --chain auto; "
                                     "an explicit chain ends at its target")
+    if not auto and router_config_file:
+        raise InvalidParameterError("--router-config works with --chain auto: an explicit chain is not routed")
+    from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+
+    router_config = RouterConfig.load(router_config_file) if router_config_file else DEFAULT_CONFIG  # before models load
     pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1, exact=exact,
                 gpu_layers=GpuLayers.parse(gpu_layers))
     router = None
     try:
         if auto:
-            router = _auto_router(pool, target, cache_dir, profile_file, lookup or DEFAULT_LOOKUP)
+            router = _auto_router(pool, target, cache_dir, profile_file, lookup or DEFAULT_LOOKUP, router_config)
             built, model = router, router.target
         else:
             built = pool.chain(list(spec.chain), list(spec.draft_lengths) or None)
@@ -175,7 +189,7 @@ def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temper
         if not as_json:
             click.echo()  # ends the streamed text
         if explain:
-            click.echo(_explain(result), err=True)
+            click.echo(_explain(result, router.config, router_config_file), err=True)
         if as_json:
             click.echo(json.dumps(result.as_dict(), ensure_ascii=False))
         else:
@@ -188,17 +202,22 @@ def _pulled_pool(cache_dir) -> list[str]:
     return sorted((n for n in DEFAULT_POOL if is_pulled(n, cache_dir)), key=lambda n: DEFAULT_POOL[n].params_b)
 
 
-def _auto_router(pool: Pool, target_spec: str | None, cache_dir, profile_file: Path | None, lookup: str):
+def _auto_router(pool: Pool, target_spec: str | None, cache_dir, profile_file: Path | None, lookup: str, config):
     from specrouter.router import auto_router
 
-    router = auto_router(pool, target_spec, _pulled_pool(cache_dir), profile_file=profile_file, lookup=lookup)
+    router = auto_router(pool, target_spec, _pulled_pool(cache_dir), profile_file=profile_file, lookup=lookup,
+                         config=config)
     if router.message:
         click.echo(f"note: {router.message}", err=True)
     return router
 
 
-def _explain(r: GenerationResult) -> str:
+def _explain(r: GenerationResult, config=None, source: Path | None = None) -> str:
+    """The router's decisions as --explain prints them; with `config` (a RouterConfig, read
+    from `source`), first what it changed from the defaults."""
     lines = [f"-- router: {len(r.decisions)} decisions over {r.cycles} cycles"]
+    if config is not None:
+        lines.append(f"   config ({source}): {config.shown()}" if config.changed() else f"   config: {config.shown()}")
     for d in r.decisions:
         lines.append(f"   cycle {d['cycle']} (position {d['position']}): {d['reason']} {d['chosen']}")
         lines.append(f"     {'candidate':<58} {'pred ms/tok':>11} {'tok/cycle':>9} {'catch-up ms':>11} {'score':>8}")
@@ -299,9 +318,10 @@ def _summary(r: GenerationResult) -> str:
                                                  "the least loaded before its requests go elsewhere (default 2).")
 @_gpu_layers_option
 @_profile_option
+@_router_config_option
 @_cache_option
 def serve_cmd(config_file, models, draft_lengths, gpu_layers, allowed_hosts, cors_origins, served_model_name,
-              profile_file, **options) -> None:
+              profile_file, router_config_file, **options) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra; --ray also the `ray` extra)."""
     try:
         from specrouter.server.config import load_config
@@ -314,7 +334,8 @@ def serve_cmd(config_file, models, draft_lengths, gpu_layers, allowed_hosts, cor
         models=parse_chain(models) if models else None,
         draft_lengths=parse_draft_lengths(draft_lengths, 0) if draft_lengths else None,
         gpu_layers=list(gpu_layers) or None, allowed_hosts=_names(allowed_hosts), cors_origins=_names(cors_origins),
-        served_model_name=_names(served_model_name), profile=profile_file, ray=ray, **options)
+        served_model_name=_names(served_model_name), profile=profile_file, router_config=router_config_file, ray=ray,
+        **options)
     if config.ray.enabled:
         try:
             from specrouter.fleet.deploy import serve_fleet
@@ -374,7 +395,8 @@ def models_cmd(cache_dir) -> None:
 @_cache_option
 def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exact, gpu_layers, cache_dir) -> None:
     """Measure (or show the cached) seconds of a forward over n tokens, per model."""
-    from specrouter.router.profiler import PROFILE_BATCHES, load_or_profile, profile_lookups, read_profile
+    from specrouter.router.estimates.profiler import PROFILE_BATCHES, profile_lookups
+    from specrouter.router.estimates.profile_cache import load_or_profile, read_profile
 
     if load_file is not None:
         if model_specs or force or exact or gpu_layers:
@@ -401,8 +423,8 @@ def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exac
 
 
 def _print_profile(profile) -> None:
-    from specrouter.router.costs import LONG_CONTEXT
-    from specrouter.router.profiler import CONTEXT_NS, PROFILE_BATCH_NS, PROFILE_NS
+    from specrouter.router.estimates.costs import LONG_CONTEXT
+    from specrouter.router.estimates.profiler import CONTEXT_NS, PROFILE_BATCH_NS, PROFILE_NS
 
     # Sizes a profile did not time (a loaded one may have others) are interpolated, as the router does.
     width = max(len(m) for m in [*profile.tables, *profile.lookup_seconds])

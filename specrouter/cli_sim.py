@@ -19,6 +19,7 @@ from specrouter.errors import InvalidParameterError
 from specrouter.pool import Pool, parse_chain
 
 if TYPE_CHECKING:
+    from specrouter.router.config import RouterConfig
     from specrouter.sim.host import HostCosts
 
 DEFAULT_TARGET, DEFAULT_DRAFTS = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
@@ -89,12 +90,14 @@ def read_prompts(file: Path, target) -> list[tuple[str, str, list[int]]]:
                    "measures them); default: not priced.")
 @click.option("--json", "json_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the result to this JSON file.")
+@click.option("--router-config", "router_config_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="With a replay: tune auto's router with this TOML file of RouterConfig keys (docs/router.md).")
 @click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
 @click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
               help="Folder of pulled models (default: $SPECROUTER_CACHE or the user cache dir).")
 def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens, profile_file, roofline, overhead_ms,
-             bytes_per_param, batch_sizes, validate, repeats, max_error, lookup, host_ms, json_file, threads,
-             cache_dir) -> None:
+             bytes_per_param, batch_sizes, validate, repeats, max_error, lookup, host_ms, json_file,
+             router_config_file, threads, cache_dir) -> None:
     """Trace-driven simulation of the target alone, every fixed chain and auto.
 
     Record once (--record PROMPTS), then replay TRACE_FILE on a profile (--profile FILE, or
@@ -102,6 +105,7 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
     Greedy only, one request at a time (--batch: B at a time), no prefill priced
     (docs/simulation.md).
     """
+    from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
     from specrouter.sim.host import NO_HOST, HostCosts
     from specrouter.sim.roofline import device, roofline_profile
     from specrouter.sim.simulate import predict
@@ -119,6 +123,10 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         raise InvalidParameterError("--host-ms goes with a replay (--profile, --roofline or --validate), not --record")
     if batches is not None and profile_file is None and roofline is None:
         raise InvalidParameterError("--batch goes with --profile or --roofline")
+    if router_config_file is not None and prompts_file is not None:
+        raise InvalidParameterError("--router-config goes with a replay (--profile, --roofline or --validate), "
+                                    "not --record")
+    config = RouterConfig.load(router_config_file) if router_config_file is not None else DEFAULT_CONFIG
     for name, value, least in (("--max-tokens", max_tokens, 1), ("--branch-tokens", branch_tokens, 1),
                                ("--repeats", repeats, 1)):
         if value < least:
@@ -150,7 +158,8 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         pool = Pool(cache_dir=cache_dir, n_ctx=4096, n_threads=threads, n_seq_max=1)
         try:
             result = run_validation(trace, pool, lookup, repeats, max_error,
-                                    progress=lambda what: click.echo(f"running {what}", err=True), host=host)
+                                    progress=lambda what: click.echo(f"running {what}", err=True), host=host,
+                                    config=config)
         finally:
             pool.close()
         click.echo(f"engine's own work: {host.label()}")
@@ -177,15 +186,16 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         profile = roofline_profile(dev, trace.params_b, bytes_per_param)
         label = f"{dev.name}, {dev.overhead_ms} ms per forward, {bytes_per_param} bytes per parameter: SIMULATION"
     else:
-        from specrouter.router.profiler import read_profile
+        from specrouter.router.estimates.profile_cache import read_profile
 
         # Fitted non-decreasing in n (CostProfile.nondecreasing): a GPU's launch-bound medians
         # jitter, and a dip below n = 1 would discount every chain.
         profile, label = read_profile(profile_file).nondecreasing(), f"profile {profile_file} (fitted non-decreasing)"
     if batches is not None:
-        show_batches(trace, profile, label, batches, lookup, json_file, host)
+        show_batches(trace, profile, label, batches, lookup, json_file, host, config)
         return
-    out = predict(trace, profile, lookup, progress=lambda what: click.echo(f"replaying {what}", err=True), host=host)
+    out = predict(trace, profile, lookup, progress=lambda what: click.echo(f"replaying {what}", err=True), host=host,
+                  config=config)
     groups = [*trace.groups, "all"]
     click.echo(f"Simulated speed-up over the target alone (per group the median per request; 'all': {OVERALL}), "
                f"{label}; engine's own work: "
@@ -214,13 +224,13 @@ def parse_batches(text: str) -> list[int]:
 
 
 def show_batches(trace, profile, label: str, batches: list[int], lookup: str, json_file: Path | None,
-                 host: HostCosts) -> None:
+                 host: HostCosts, config: RouterConfig) -> None:
     """The batch prediction (sim/batched.py): per batch size, throughput over the target alone's."""
     from specrouter.sim.batched import predict_batches
     from specrouter.sim.simulate import ALONE, AUTO
 
     out = predict_batches(trace, profile, batches, lookup,
-                          progress=lambda what: click.echo(f"replaying {what}", err=True), host=host)
+                          progress=lambda what: click.echo(f"replaying {what}", err=True), host=host, config=config)
     click.echo(f"Simulated throughput over the target alone's, all requests served B at a time, {label}; "
                f"engine's own work: {host.label()}")
     click.echo(f"{'method':<12} " + " ".join(f"{'B=' + str(b):>10}" for b in batches) + "  (best chain per batch)")

@@ -4,12 +4,18 @@ match classes its acceptance is learned per.
 A request held to a grammar (cascade/grammar.py) may force its next tokens (a schema's next
 key, the rest of a tool call's opening): where it does, the drafter proposes those instead
 of looking anything up, filed under a class of their own (FORCED_CLASS), whose acceptance
-is learned apart (near 1: the target's restricted rows leave it little else)."""
+is learned apart (near 1: the target's restricted rows leave it little else).
+
+One find per cycle: a router that looks up before the cycle (its choice reads the match)
+hands the result to the drafter (`hand`, a Handed), and the cycle's first draft proposes it
+instead of looking up again. A lookup's first n tokens are what a lookup of n gives (every
+drafter here proposes token by token, each from the ones before), so a lookup asked for the
+longest draft serves a draft of any length up to it."""
 
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,6 +50,26 @@ class Found:
     forced: bool = False  # the request's grammar forces these tokens (no lookup was done)
 
 
+@dataclass(frozen=True)
+class Handed:
+    """A lookup done before a cycle at its committed context (by the router, to choose): what
+    the cycle's first draft proposes, for at most `n` tokens."""
+
+    found: Found
+    at: int  # the length of the committed context it continues
+    n: int  # the tokens it was asked for
+
+    def serves(self, context: Sequence[int], n: int, committed: int) -> bool:
+        """Whether it is the proposal of a draft of n tokens after `context` of a cycle whose
+        context is `committed` tokens long: that very context (not one a middle level extended
+        within the cycle), and no more tokens than it was asked for."""
+        return len(context) == committed == self.at and n <= self.n
+
+    def take(self, n: int) -> Found:
+        """Its proposal for a draft of n tokens."""
+        return replace(self.found, tokens=self.found.tokens[:n])
+
+
 class LookupDrafter:
     """A deterministic Proposer (q one-hot) that drafts by looking tokens up, no forward.
     A subclass names itself (`name`), states the seconds of one lookup before any is timed
@@ -63,6 +89,8 @@ class LookupDrafter:
     longest: int = 24
     #: It can read a cross-request memory (with_memory).
     remembers: bool = False
+    #: The lookup handed over for the next cycle's first draft (hand); None: look up then.
+    handed: Handed | None = None
 
     @property
     def classes(self) -> list[str]:
@@ -95,10 +123,21 @@ class LookupDrafter:
             return Found(list(forced[:n]), len(forced), forced=True)
         return self.lookup(context, n, committed)
 
+    def hand(self, handed: Handed | None) -> None:
+        """What the next cycle's first draft proposes where it serves (Handed.serves); None:
+        nothing handed, it looks up. Whatever was handed before is dropped."""
+        self.handed = handed
+
     def draft(self, context: list[int], n: int, drafting: Drafting) -> Generator[object, np.ndarray, Draft]:
-        """The Proposer method: find's tokens (cut after EOS) with their match class."""
+        """The Proposer method: find's tokens (cut after EOS) with their match class; the
+        handed lookup's instead where it serves (it is used once). The time reported is the
+        draft's own: a handed lookup's time was the choice's."""
         start = drafting.clock()
-        found = self.find(context, n, drafting.committed, drafting.forced(context))
+        handed, self.handed = self.handed, None
+        if handed is not None and handed.serves(context, n, drafting.committed):
+            found = handed.take(n)
+        else:
+            found = self.find(context, n, drafting.committed, drafting.forced(context))
         drafting.lookup_took(drafting.clock() - start)
         return Draft(cut_after_eos(found.tokens, drafting.eos_ids), None,
                      self.match_class(found) if found.match else None)

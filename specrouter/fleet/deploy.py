@@ -40,14 +40,16 @@ from specrouter.fleet.knowledge import FleetKnowledge, Report
 from specrouter.fleet.metrics import fleet_exposition
 from specrouter.fleet.remote import Admitted, ChoiceItem, RemoteService
 from specrouter.fleet.replica import EngineBuild, PoolBuild
-from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.learned import save_estimates
-from specrouter.router.profiler import cpu_model, default_profile_dir, install_profiles, profile_files
-from specrouter.router.store import RouterStore
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.learned import save_estimates
+from specrouter.router.estimates.profile_cache import default_profile_dir, install_profiles, profile_files
+from specrouter.router.estimates.profiler import cpu_model
+from specrouter.router.estimates.store import RouterStore
 from specrouter.server.app import create_app
 from specrouter.server.config import ServeConfig
 from specrouter.server.run import Engine
 from specrouter.server.service import interleave
+
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +251,7 @@ class StartInterrupted(Exception):
 
 def save_fleet(fleet: ray.actor.ActorHandle, store: RouterStore) -> None:
     """What the fleet's replicas learned, merged into `store`'s file as one process's save
-    merges (router/learned.py: pooled with what is on disk now, under its lock; a file with
+    merges (router/estimates/learned.py: pooled with what is on disk now, under its lock; a file with
     no readable table is replaced by the pooled priors). The next run, fleet or not, starts
     from it."""
     learned, priors = ray.get([fleet.learned.remote(), fleet.priors.remote()])

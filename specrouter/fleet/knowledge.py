@@ -8,7 +8,7 @@ state never leaves its replica.
 Pooling the estimates: each replica's report replaces its previous one (a report is that
 replica's whole global table, not an increment), and the priors of a pair are the
 count-weighted mean of the latest reports that have it, with the summed count capped at
-PERSIST_CAP (router/learned.py's pooling, as a loaded file is): enough to start informed,
+the persist cap (router/estimates/learned.py's pooling, as a loaded file is): enough to start informed,
 little enough for the replica's own data to move it. A replica seeded from the priors
 reports counts that include them; the cap keeps that from compounding into certainty.
 Reports of replicas that died stay (what they learned is not lost with them); metrics and
@@ -18,9 +18,9 @@ What the fleet learned (learned()): a report also carries the scores its replica
 itself (AcceptanceEstimator.learned(), cumulative since the replica started, so it too
 replaces the previous one); those of all replicas are disjoint, so they pool with counts
 added and no cap. That, not the priors (which hold the file the fleet was seeded from), is
-what the fleet's save merges into the file (deploy.save_fleet, router/learned.py).
+what the fleet's save merges into the file (deploy.save_fleet, router/estimates/learned.py).
 
-Cost profiles: a replica that measured its models (router/profiler.py, under the node's
+Cost profiles: a replica that measured its models (router/estimates/profiler.py, under the node's
 folder lock, so replicas of one node measure one at a time) shares the cached files per CPU
 model; a replica starting on another node with the same CPU model installs those its folder
 lacks before it builds its engine, so the fleet measures each (CPU model, model) once. Each
@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from specrouter.router.learned import PairEstimate, pool_estimates
+from specrouter.router.estimates.learned import PairEstimate, pool_estimates
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 
 from specrouter.backends.base import Backend
 from specrouter.errors import TokenizerMismatchError
-from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.costs import OnlineCosts
-from specrouter.router.scheduler import Router
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.costs import OnlineCosts
+from specrouter.router.session import Router
 from specrouter.vocab import check_shared_tokenizer
 
 
@@ -34,10 +34,10 @@ def sharing_drafts(target: Backend, models: Sequence[Backend]) -> tuple[list[Bac
 def build_router(target: Backend, models: Sequence[Backend],
                  costs: OnlineCosts | Callable[[list[Backend]], OnlineCosts],
                  acceptance: AcceptanceEstimator | None = None, **kw) -> Router:
-    """A Router over the target, the given models that can draft for it, and the n-gram level.
+    """A Router over the target, the given models that can draft for it, and the model-free level.
     `costs` may be a function of the models kept (so only those get profiled).
     With no model sharing the target's tokenizer it says so: only the target alone and
-    the n-gram level (model-free, it shares any tokenizer) remain."""
+    the model-free level (it shares any tokenizer) remain."""
     drafts, skipped = sharing_drafts(target, models)
     if not isinstance(costs, OnlineCosts):
         costs = costs([*drafts, target])

@@ -1,10 +1,8 @@
 """When a drafting model should stop drafting: the router's DraftStop (cascade.chain).
 
 A draft length k is a bet on the average position; the draft's own confidence says where
-this block stands. Teacher-forced over 601 tokens of HumanEval and GSM8K, a q4 0.5B
-agreed with the fp32 1.5B's greedy choice at 40% of the positions where its top
-probability was below 0.5, 74% at 0.5-0.7 and 98% above 0.7; most rejections fall on
-its unconfident tokens. So after every drafted token the rule weighs drafting m more:
+this block stands (a draft's rejections fall mostly on the tokens it was unsure of). So
+after every drafted token the rule weighs drafting m more:
 
     gain(m) = lam * R * (a + a^2 + ... + a^m) - (m * t_d + V(n + m + 1) - V(n + 1))
 
@@ -13,19 +11,17 @@ calibrated acceptance of their confidences), a the pair's acceptance rate for to
 drafted yet, t_d one draft forward, V(n) the verification of n tokens, lam the chain's
 seconds per token (what a committed token is worth: minimising cycle cost - lam * tokens
 minimises cost per token, Dinkelbach). It drafts on while some m <= cap - n gains.
-Every m is weighed, not only the next one: where verifying 3 tokens costs what 17 do
-(an fp32 target on a CPU), stopping at 2 saves no verification. Replayed on the greedy
-text of 10 HumanEval / GSM8K prompts (798 positions, the EPYC's fp32 costs,
-benchmarks/draft_stop_replay.py): fixed 16-token drafts 139 ms a token (8: 148, 24: 154),
-the rule 130 with a cap of 16 or 24 (median per prompt 1.035x and 1.05x the fixed 16).
+Every m is weighed, not only the next one: where verifying 3 tokens costs what 17 do, stopping
+at 2 saves no verification. The rule weighs every fixed continuation from where it stands (a
+rollout of the fixed lengths), so it does at least about as well as the planned length.
 
-Calibration: the chance of acceptance per confidence bin, learnt from every verified
-block of the pair (positions up to the first rejection), starting from the bin's own
-confidence with PRIOR_COUNT pseudo-scores; bins are shared by all requests, EMAs that
-remember ~40 scores (ALPHA): a draft that was confidently wrong for a stretch must not
-cut its blocks for long after (they would teach a bin one score a cycle).
-A probe runs its planned length without stopping (`stopping=False`): it is there to
-measure the pair, and it teaches the calibration all the same.
+Calibration: the chance of acceptance per confidence bin (the config's stop_edges), learnt
+from every verified block of the pair (positions up to the first rejection), starting from
+the bin's stop_centers value weighing stop_prior_count scores; bins are shared by all
+requests, EMAs of step stop_alpha, so that a stretch where the draft was confidently wrong
+does not cut its blocks for long after. A probe runs its planned length without stopping
+(`stopping=False`): it is there to measure the pair, and it teaches the calibration all
+the same.
 """
 
 from __future__ import annotations
@@ -33,24 +29,21 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 
-from specrouter.router.acceptance import Estimate
-
-#: Upper edges of the confidence bins (the last bin ends at 1).
-EDGES = (0.3, 0.5, 0.7, 0.9, 0.99)
-#: What each bin's calibration starts at: its middle confidence, weighing this many scores.
-CENTERS = (0.2, 0.4, 0.6, 0.8, 0.95, 0.995)
-PRIOR_COUNT = 4.0
-ALPHA = 0.05
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.estimates.acceptance import Estimate
 
 
-def confidence_bin(c: float) -> int:
-    return bisect.bisect_right(EDGES, c)
+
+def confidence_bin(c: float, edges: Sequence[float] = DEFAULT_CONFIG.stop_edges) -> int:
+    """The bin of confidence c: how many of the bins' upper edges it reaches."""
+    return bisect.bisect_right(edges, c)
 
 
 class ConfidenceStop:
     """The rule for one router session; `calibration` is shared by sessions (see module docstring)."""
 
-    def __init__(self, calibration: dict | None = None) -> None:
+    def __init__(self, calibration: dict | None = None, config: RouterConfig = DEFAULT_CONFIG) -> None:
+        self.config = config
         self.calibration: dict[tuple[str, ...], list[Estimate]] = {} if calibration is None else calibration
         self.key: tuple[str, ...] = ()
         self.rate, self.cap, self.worth, self.draft_seconds = 0.0, 0, 0.0, 0.0
@@ -58,7 +51,7 @@ class ConfidenceStop:
         self.verify: list[float] = []  # verify[n]: seconds to verify n tokens, n = 0..cap + 1
 
     def session(self) -> ConfidenceStop:
-        return ConfidenceStop(self.calibration)
+        return ConfidenceStop(self.calibration, self.config)
 
     def configure(self, key: tuple[str, ...], rate: float, cap: int, worth: float, draft_seconds: float,
                   verify_seconds: Callable[[int], float], stopping: bool = True) -> None:
@@ -73,12 +66,13 @@ class ConfidenceStop:
     def _bins(self) -> list[Estimate]:
         bins = self.calibration.get(self.key)
         if bins is None:
-            bins = self.calibration[self.key] = [Estimate(c, PRIOR_COUNT, c * (1 - c)) for c in CENTERS]
+            prior = self.config.stop_prior_count
+            bins = self.calibration[self.key] = [Estimate(c, prior, c * (1 - c)) for c in self.config.stop_centers]
         return bins
 
     def acceptance(self, c: float) -> float:
         """Calibrated chance that a drafted token of confidence c is accepted."""
-        return self._bins()[confidence_bin(c)].mean
+        return self._bins()[confidence_bin(c, self.config.stop_edges)].mean
 
     def more(self, confidences: Sequence[float]) -> bool:
         n = len(confidences)
@@ -97,6 +91,6 @@ class ConfidenceStop:
         return False
 
     def learn(self, confidences: Sequence[float], n_accepted: int) -> None:
-        bins = self._bins()
+        bins, config = self._bins(), self.config
         for j, c in enumerate(confidences[: n_accepted + 1]):
-            bins[confidence_bin(c)].update(1.0 if j < n_accepted else 0.0, ALPHA)
+            bins[confidence_bin(c, config.stop_edges)].update(1.0 if j < n_accepted else 0.0, config.stop_alpha, config)

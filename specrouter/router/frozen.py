@@ -26,10 +26,12 @@ import copy
 import math
 
 from specrouter.drafters.ngram import NGRAM_NAME
-from specrouter.router.costs import FixedCosts
 from specrouter.router.draft_stop import ConfidenceStop
-from specrouter.router.pacing import ChoicePacing
-from specrouter.router.scheduler import ProbeBudget, Router
+from specrouter.router.estimates.costs import FixedCosts
+from specrouter.router.policy.pacing import ChoicePacing
+from specrouter.router.policy.state import ProbeBudget
+from specrouter.router.session import Router
+
 
 
 class _NoProbes(ProbeBudget):
@@ -63,8 +65,8 @@ class FrozenRoutes:
 
     def session(self) -> Router:
         r = self.router
-        stop = ConfidenceStop(copy.deepcopy(self.calibration)) if self.calibration is not None else None
-        return _Solo(r.target, r.drafts, self.costs, self.acceptance.copy(), r.lookup_drafter is not None, r.grid,
-                     r.hysteresis, 0.0, r.message, stop is not None, shared_stop=stop, lookup=r.lookup or NGRAM_NAME,
-                     memory=None, lengths=self.lengths.copy(), budget=_NoProbes(0.0), hints=self.hints.copy(),
-                     pacing=ChoicePacing(0.0), lookup_grid=r.lookup_grid)
+        stop = ConfidenceStop(copy.deepcopy(self.calibration), r.config) if self.calibration is not None else None
+        return _Solo(r.target, r.drafts, self.costs, self.acceptance.copy(), r.lookup_drafter is not None, r.message,
+                     stop is not None, config=r.config, shared_stop=stop, lookup=r.lookup or NGRAM_NAME, memory=None,
+                     lengths=self.lengths.copy(), budget=_NoProbes(0.0), hints=self.hints.copy(),
+                     pacing=ChoicePacing(0.0, r.config))

@@ -19,6 +19,7 @@ from specrouter.engine.request import check_max_tokens
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError
 from specrouter.offload import GpuLayers
+from specrouter.router.config import RouterConfig
 
 DEFAULT_MODELS = ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 
@@ -111,6 +112,20 @@ class ServeConfig(BaseModel):
     ray: RayConfig = Field(default_factory=RayConfig, description="serving through Ray Serve (`serve --ray`)")
     memory_tokens: int = Field(DEFAULT_BUDGET, description="tokens the memory keeps (~24-32 bytes each, allocated "
                                                            "at start); the oldest are evicted")
+    router_config: dict[str, Any] = Field(default_factory=dict, description="the router's tuning: a table of "
+                                          "RouterConfig keys, or the path of a TOML file of them (docs/router.md)")
+
+    @field_validator("router_config", mode="before")
+    @classmethod
+    def _check_router_config(cls, value: Any) -> Any:
+        """A path is read now (a fleet's replicas get the table, not a file they may lack);
+        either is validated now, its errors naming the key."""
+        config = RouterConfig.load(Path(value)) if isinstance(value, str | Path) else RouterConfig.from_dict(value)
+        return config.changed()
+
+    def router_settings(self) -> RouterConfig:
+        """The router's tuning (router_config over the defaults)."""
+        return RouterConfig.from_dict(self.router_config)
 
     @field_validator("memory_tokens", mode="before")
     @classmethod

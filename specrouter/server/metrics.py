@@ -3,7 +3,7 @@
 Speculation counters move cycle by cycle (the worker adds BatchScheduler.take_spec_counts
 after every step), so a long request's drafting shows while it runs; request counters move
 when a request ends. The router's own counters (how often its sessions deliberated or reused
-a recent decision: router/pacing.py) stay where the router keeps them and are read at each
+a recent decision: router/policy/pacing.py) stay where the router keeps them and are read at each
 scrape (ChoiceCollector), and so do the prefix cache's (PrefixCacheCollector). Each Metrics
 has its own registry, so several servers (tests) in one process never share counters.
 Counters are exposed with prometheus_client's `_total` suffix, as vLLM's are (e.g.
@@ -22,7 +22,7 @@ from specrouter.cascade.chain import LevelStats
 from specrouter.engine.batch import KvUse
 from specrouter.engine.prefix_cache import PrefixCacheStats
 from specrouter.engine.request import GenerationResult
-from specrouter.router.pacing import ChoicePacing
+from specrouter.router.policy.pacing import ChoicePacing
 
 # vLLM's buckets: from one fast token to a long prompt on a busy CPU.
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -42,7 +42,7 @@ def build_engine(config: ServeConfig) -> Iterator[Engine]:
                 n_seq_max=config.max_batch + kept, device=config.device, exact=config.exact, gpu_layers=config.offload)
     try:
         router = auto_router(pool, config.served, config.models, profile_file=config.profile, lookup=config.lookup,
-                             memory=config.suffix_memory())
+                             memory=config.suffix_memory(), config=config.router_settings())
         if router.message:
             click.echo(f"note: {router.message}", err=True)
         default = config.default_speculation()

@@ -10,7 +10,7 @@ That is how llama.cpp and torch batch on a CPU, and what the roofline (roofline.
 a device, up to the KV cache each sequence reads, which neither the profile nor the roofline
 counts (on the Qwen2.5 1.5B in fp16, 28 KB per cached token: 32 sequences of 600 tokens add
 about a sixth to its 3 GB of weights). The router runs one session per request over shared
-estimates, as in the server, and prices its chains at the batch's size (scheduler.py).
+estimates, as in the server, and prices its chains at the batch's size (router/policy/planner.py).
 
 The requests are queued all at once, the trace's requests `copies` times over (round-robin:
 the same script may run in several sequences at once; the replay backends give each sequence
@@ -32,15 +32,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specrouter.cascade.chain import Chain
+from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.engine.phase import StepModels
 from specrouter.engine.request import ChainRouter
 from specrouter.errors import InvalidParameterError
-from specrouter.router.costs import CostProfile
-from specrouter.drafters import DEFAULT_LOOKUP
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.estimates.costs import CostProfile
 from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.simulate import ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains, drafted_cycles
 from specrouter.sim.trace import Trace
+
 
 #: Batch sizes the prediction reports by default (the issue's 1, 8 and 32, and between).
 BATCHES = (1, 8, 32)
@@ -117,15 +119,17 @@ class BatchPrediction:
 def predict_batches(trace: Trace, profile: CostProfile, batches: Sequence[int] = BATCHES,
                     lookup: str = DEFAULT_LOOKUP, chains: Sequence[ChainChoice] | None = None,
                     price_prompt: bool = False, progress: Callable[[str], None] | None = None,
-                    phases: StepModels | None = None, host: HostCosts = NO_HOST) -> BatchPrediction:
+                    phases: StepModels | None = None, host: HostCosts = NO_HOST,
+                    config: RouterConfig = DEFAULT_CONFIG) -> BatchPrediction:
     """The target alone, every fixed chain of `chains` (default candidate_chains) and the
     router (one fresh router per batch size, its sessions sharing it) at each batch size;
     phases: which models a scheduler's step calls (default the scheduler's); host: the
-    engine's own work per call and row (sim/host.py; default unpriced)."""
+    engine's own work per call and row (sim/host.py; default unpriced); config: the router's
+    tuning."""
     if not batches or min(batches) < 1:
         raise InvalidParameterError(f"batch sizes must be >= 1, got {list(batches)}")
     fixed = list(chains if chains is not None else candidate_chains(trace, lookup))
-    replay = Replay(trace, profile, price_prompt, host)
+    replay = Replay(trace, profile, price_prompt, host, config=config)
     tps, speedup, drafted, best = {}, {}, {}, {}
     for b in batches:
         methods: dict[str, Callable[[], Chain | ChainRouter]] = {ALONE: lambda: replay.chain(ChainChoice((trace.target,), ()))}

@@ -16,7 +16,7 @@ Fitted from benchmarks/host_work.py (models that cost nothing): greedy target al
 per_call + per_row; a model draft of k plus its verification = (k + 1) calls and 2k + 1
 rows. Those chains are fixed: the router's choice before every cycle of a routed sequence
 is priced apart, per_choice a deliberation and per_reuse a choice that reused a recent
-decision (router/pacing.py; benchmarks/router_work.py measures both), by PricedChoices: the
+decision (router/policy/pacing.py; benchmarks/router_work.py measures both), by PricedChoices: the
 clock advances before the choice returns, so, as for real, the time is in no forward's
 timing and no cycle's (the router does not learn it as a model's cost) but in the request's,
 which times the choice and tells the router (on_choice: the pacing's d), and a batch's
@@ -40,7 +40,7 @@ class HostCosts:
     per_call: float = 0.0  # seconds per sequence in a call
     per_row: float = 0.0  # seconds per row (token) of a call
     per_choice: float = 0.0  # seconds per deliberated choice of a routed sequence
-    per_reuse: float = 0.0  # seconds per choice that reused a recent decision (router/pacing.py)
+    per_reuse: float = 0.0  # seconds per choice that reused a recent decision (router/policy/pacing.py)
 
     def __post_init__(self) -> None:
         for name in ("per_call", "per_row", "per_choice", "per_reuse"):

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from specrouter.backends.base import Backend
-from specrouter.router.costs import LONG_CONTEXT, CostProfile
-from specrouter.router.profiler import CONTEXT_NS, PROFILE_NS, holds_long_context, time_forwards
+from specrouter.router.estimates.costs import LONG_CONTEXT, CostProfile
+from specrouter.router.estimates.profiler import CONTEXT_NS, PROFILE_NS, holds_long_context, time_forwards
 
 
 class InterleavedProfile:

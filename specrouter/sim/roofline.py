@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from specrouter.errors import InvalidParameterError
-from specrouter.router.costs import CostProfile
+from specrouter.router.estimates.costs import CostProfile
 
 OVERHEAD_MS = 5.0
 #: Tokens per forward the profile holds: every size a single sequence's cycle feeds (up to a

@@ -46,13 +46,15 @@ from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import generate_stream
 from specrouter.engine.request import ChainRouter, GenerationResult
 from specrouter.errors import SpecRouterError
-from specrouter.router.acceptance import AcceptanceEstimator
 from specrouter.router.build import build_router
-from specrouter.router.costs import CostProfile, OnlineCosts
-from specrouter.router.pacing import ChoicePacing
-from specrouter.router.scheduler import Router
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
+from specrouter.router.policy.pacing import ChoicePacing
+from specrouter.router.session import Router
 from specrouter.sim.host import NO_HOST, HostCosts, PricedChoices
 from specrouter.sim.trace import Trace
+
 
 ALONE = "target alone"
 AUTO = "auto"
@@ -103,13 +105,14 @@ class Replay:
     replay by the machine as it was while the real runs ran: validate.py)."""
 
     def __init__(self, trace: Trace, profile: CostProfile, price_prompt: bool = False, host: HostCosts = NO_HOST,
-                 belief: CostProfile | None = None) -> None:
+                 belief: CostProfile | None = None, config: RouterConfig = DEFAULT_CONFIG) -> None:
+        """config: the tuning of the routers it builds (router())."""
         belief = profile if belief is None else belief
         for which, costs in (("cost profile", profile), ("router's profile", belief)):
             missing = [m for m in (trace.target, *trace.drafts) if m not in costs.tables]
             if missing:
                 raise SimulationError(f"the {which} has no table for {', '.join(missing)}")
-        self.trace, self.profile, self.belief = trace, profile, belief
+        self.trace, self.profile, self.belief, self.config = trace, profile, belief, config
         scripts = [r.script for r in trace.requests]
         tracks = {d: [r.tracks[d] for r in trace.requests] for d in trace.drafts}
         vocabulary = Vocabulary.of(scripts, tracks.values(), trace.eos_ids)
@@ -158,9 +161,10 @@ class Replay:
         return choice.build(self.models)
 
     def router(self, lookup: str = DEFAULT_LOOKUP, pacing: ChoicePacing | None = None) -> Router:
-        """pacing: how often its sessions deliberate (default router/pacing.py's FRACTION)."""
-        return build_router(self.target, self.drafts, OnlineCosts(self.belief), AcceptanceEstimator(), lookup=lookup,
-                            pacing=pacing)
+        """pacing: how often its sessions deliberate (default: as the config's pacing_fraction says)."""
+        c = self.config
+        return build_router(self.target, self.drafts, OnlineCosts(self.belief, config=c), AcceptanceEstimator(config=c),
+                            lookup=lookup, pacing=pacing, config=c)
 
     def run(self, method: Chain | Router) -> list[Run]:
         """`method` over every request in order (SimulationError where its text is not the recorded one)."""
@@ -200,7 +204,7 @@ def drafted_cycles(r: GenerationResult) -> int:
 
 #: Draft lengths tried for fixed chains: per block of a model-free drafter, of a model draft,
 #: and per pair (level 0, level 1) of a three-level chain. Past 6, a draft of k is verified
-#: in k + 1 tokens, a size the profiler times (as in the router's grid: scheduler.DRAFT_GRID).
+#: in k + 1 tokens, a size the profiler times (as in the router's grid: RouterConfig.draft_grid).
 LOOKUP_LENGTHS = (2, 3, 7, 15, 31, 63)
 MODEL_LENGTHS = (1, 2, 3, 4, 6, 8, 11, 15)
 PAIR_LENGTHS = tuple((a, b) for a in (1, 2, 3, 7) for b in (3, 7, 15) if b >= a)
@@ -247,13 +251,13 @@ def speedups(alone: Sequence[Run], runs: Sequence[Run], groups: Sequence[str],
 def predict(trace: Trace, profile: CostProfile, lookup: str = DEFAULT_LOOKUP,
             chains: Sequence[ChainChoice] | None = None, price_prompt: bool = False,
             progress: Callable[[str], None] | None = None, host: HostCosts = NO_HOST,
-            belief: CostProfile | None = None) -> Prediction:
+            belief: CostProfile | None = None, config: RouterConfig = DEFAULT_CONFIG) -> Prediction:
     """The target alone, every fixed chain of `chains` (default: candidate_chains) and the
     router, each over the whole trace on `profile` (plus the engine's own work as `host`
     prices it; the router's costs from `belief`, default `profile`: Replay); the best fixed
     chain of each depth per group is the one with the highest median speed-up there (chosen
-    with hindsight)."""
-    replay = Replay(trace, profile, price_prompt, host, belief)
+    with hindsight). `config`: the router's tuning."""
+    replay = Replay(trace, profile, price_prompt, host, belief, config)
     groups = trace.groups
     alone = replay.run(replay.chain(ChainChoice((trace.target,), ())))
     results: dict[str, list[Run]] = {ALONE: alone}

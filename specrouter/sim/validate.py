@@ -53,7 +53,8 @@ from specrouter.cascade.chain import Chain
 from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.engine.request import GenerationResult
 from specrouter.router import auto_router
-from specrouter.router.profiler import load_or_profile
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.estimates.profile_cache import load_or_profile
 from specrouter.sim.host import NO_HOST, HostCosts
 from specrouter.sim.machine import InterleavedProfile
 from specrouter.sim.simulate import (ALONE, AUTO, Prediction, candidate_chains, decode_seconds,
@@ -178,11 +179,12 @@ def _checks(rows: list[_Measured], speedup: dict[str, float], drafted: dict[str,
 
 def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1, max_error: float = MAX_ERROR,
              progress: Callable[[str], None] | None = None, host: HostCosts = NO_HOST,
-             machine: InterleavedProfile | None = None) -> Validation:
+             machine: InterleavedProfile | None = None, config: RouterConfig = DEFAULT_CONFIG) -> Validation:
     """Real runs of the trace's requests on `pool`'s models against the simulation (module
     docstring); `host`: the engine's own work as the simulation prices it (sim/host.py);
     `machine`: what times the rounds between the runs (default: every model's forwards on
-    the wall clock; tests pass one on a simulated clock)."""
+    the wall clock; tests pass one on a simulated clock); `config`: the router's tuning, the
+    real one's and the replayed one's."""
     target = pool.model(trace.target)
     models = [*(pool.model(d) for d in trace.drafts), target]
     machine = machine or InterleavedProfile(models)
@@ -191,12 +193,12 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
                                   batches=()).nondecreasing()
         given = Path(fresh) / "profile.json"  # the router takes exactly these costs
         given.write_text(json.dumps(profile.as_dict()))
-        upfront = predict(trace, profile, lookup, price_prompt=True, host=host)
+        upfront = predict(trace, profile, lookup, price_prompt=True, host=host, config=config)
         by_label = {c.label: c for c in candidate_chains(trace, lookup)}
         chains = {g: by_label[best_fixed(upfront, g)] for g in trace.groups}
         fixed = {g: c.build(models) for g, c in chains.items()}
         router = auto_router(pool, trace.target, [*trace.drafts, trace.target], profile_dir=Path(fresh),
-                             progress=False, lookup=lookup, profile_file=given)
+                             progress=False, lookup=lookup, profile_file=given, config=config)
         alone = Chain([target], [])
         measured: dict[str, list[_Measured]] = {AUTO: [], FIXED: []}
         machine.round()
@@ -215,7 +217,7 @@ def validate(trace: Trace, pool, lookup: str = DEFAULT_LOOKUP, repeats: int = 1,
             machine.round()
     timed = machine.profile()
     simulated = predict(trace, timed, lookup, list(dict.fromkeys(chains.values())), price_prompt=True, host=host,
-                        belief=profile)
+                        belief=profile, config=config)
     replayed = simulated.runs
 
     def request_check(m: _Measured, label: str) -> RequestCheck:

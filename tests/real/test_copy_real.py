@@ -22,9 +22,9 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.drafters.memory import SuffixMemory
 from specrouter.engine import generate
-from specrouter.router.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.build import build_router
-from specrouter.router.costs import CostProfile, OnlineCosts
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
 
 from .conftest import SMALL, TARGET
 from .greedy_check import assert_matches_references, benchmark_prompts, reference_outputs

@@ -8,7 +8,9 @@ from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain, CycleRunner
 from specrouter.engine import generate
 from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts, Router, profile_model
-from specrouter.router.scheduler import DRAFT_GRID
+from specrouter.router.config import DEFAULT_CONFIG
+
+DRAFT_GRID = DEFAULT_CONFIG.draft_grid
 
 PROMPT = [1, 2, 3, 4, 5]
 

@@ -10,7 +10,8 @@ import pytest
 
 from benchmarks.chains import busy_seconds, corrupt_target_profile
 from specrouter.backends.synthetic import SyntheticBackend
-from specrouter.router.profiler import PROFILE_NS, load_or_profile
+from specrouter.router.estimates.profiler import PROFILE_NS
+from specrouter.router.estimates.profile_cache import load_or_profile
 
 from .router_synth import linear
 

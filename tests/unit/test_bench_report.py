@@ -11,8 +11,8 @@ from benchmarks.chains import run_order
 from benchmarks.summary import (baseline_drift, baseline_speeds, error_table, fit_acceptance, pair_inputs,
                                 predictor_errors, ratio_table, ratio_to_baseline, summarise)
 from benchmarks.sweep import best_lengths
-from specrouter.router.costs import CostProfile
-from specrouter.router.predictor import expected_tokens
+from specrouter.router.estimates.costs import CostProfile
+from specrouter.router.policy.predictor import expected_tokens
 
 TARGET = "qwen2.5-coder-1.5b"
 

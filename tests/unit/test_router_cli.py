@@ -150,3 +150,48 @@ def test_auto_router_takes_the_costs_a_profile_file_names(tmp_path):
                          profile_file=file)
     assert router.costs.profile.tables["target"] == {1: 0.004, 2: 0.0041, 4: 0.0042, 8: 0.0045, 16: 0.005, 32: 0.006}
     assert target.decode_calls == 0 and mid.decode_calls > 0  # the others are measured here
+
+
+def test_router_config_flag_is_checked_before_any_model_loads(tmp_path):
+    bad = tmp_path / "router.toml"
+    bad.write_text("hysteresis = 2\n")
+    result = CliRunner().invoke(main, ["generate", "--prompt", "x", "--router-config", str(bad)])
+    assert result.exit_code == 2
+    assert result.output == f"error: invalid router config {bad}: hysteresis: Input should be less than 1 (got 2)\n"
+    result = CliRunner().invoke(main, ["generate", "--prompt", "x", "--chain", "ngram,qwen2.5-coder-1.5b",
+                                       "--router-config", str(bad)])
+    assert result.exit_code == 2
+    assert result.output == "error: --router-config works with --chain auto: an explicit chain is not routed\n"
+    result = CliRunner().invoke(main, ["simulate", str(tmp_path / "t.json"), "--record", str(tmp_path / "p.jsonl"),
+                                       "--router-config", str(bad)])
+    assert result.exit_code == 2 and "error: --router-config goes with a replay" in result.output
+
+
+def test_explain_shows_what_the_router_config_changed():
+    from pathlib import Path
+
+    from specrouter.cascade.sampling import SamplingParams
+    from specrouter.cli import _explain
+    from specrouter.router.config import DEFAULT_CONFIG
+
+    from .router_synth import family, make_router, seconds_per_token
+
+    target, mid, small = family()
+    config = DEFAULT_CONFIG.replace(hysteresis=0.1, draft_grid=(1, 2, 4))
+    _, result = seconds_per_token(make_router(target, [small, mid], config=config), [target, mid, small],
+                                  SamplingParams(), 30)
+    lines = _explain(result, config, Path("r.toml")).splitlines()
+    assert lines[1] == ("   config (r.toml): draft_grid = [1, 2, 4], hysteresis = 0.1; every other key at its "
+                        "default (docs/router.md)")
+    assert _explain(result, DEFAULT_CONFIG).splitlines()[1] == "   config: the defaults (docs/router.md)"
+
+
+def test_auto_router_builds_everything_with_the_config(tmp_path):
+    from specrouter.router import auto_router
+    from specrouter.router.config import DEFAULT_CONFIG
+
+    pool, _ = _pool_of_family(tmp_path)
+    config = DEFAULT_CONFIG.replace(shrink=3.0, cost_alpha=0.5, profile_repeats=2)
+    router = auto_router(pool, None, ["small", "mid", "target"], profile_dir=tmp_path, progress=False, config=config)
+    assert router.config is config and router.acceptance.config is config and router.costs.config is config
+    assert router.acceptance.shrink == 3.0 and router.session().acceptance.config is config

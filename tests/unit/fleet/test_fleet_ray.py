@@ -16,13 +16,15 @@ from ray import serve
 
 from specrouter.errors import ModelFileError
 from specrouter.fleet.deploy import APP_NAME, FleetStartError, drain_fleet, save_fleet, start_fleet
-from specrouter.router.learned import PERSIST_CAP
-from specrouter.router.store import RouterStore
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.estimates.store import RouterStore
 from specrouter.server.config import RayConfig, ServeConfig
 
 from ..server.test_robustness import error_of, sse_data
 from ..server_synth import MODEL, MODELS, SynthBuild, build_service, reference_text, running_server
 from .local_ray import connect
+
+PERSIST_CAP = DEFAULT_CONFIG.persist_cap
 
 pytestmark = pytest.mark.ray
 

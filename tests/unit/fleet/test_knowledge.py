@@ -9,9 +9,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from specrouter.fleet.affinity import affinity_ranks, rendezvous_order
 from specrouter.fleet.knowledge import FleetKnowledge, Report, pool_estimates
 from specrouter.fleet.metrics import fleet_exposition
-from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.learned import PERSIST_CAP, PairEstimate
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.estimates.learned import PairEstimate
 from specrouter.server.metrics import Metrics
+
+PERSIST_CAP = DEFAULT_CONFIG.persist_cap
 
 
 def pair(mean, count, mode="greedy", proposer="small", verifier="target"):

@@ -7,11 +7,14 @@ from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
-from specrouter.router.draft_stop import CENTERS, PRIOR_COUNT, ConfidenceStop, confidence_bin
-from specrouter.router.predictor import closed_form_two_level
-from specrouter.router.scheduler import DRAFT_GRID
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.draft_stop import ConfidenceStop, confidence_bin
+from specrouter.router.policy.predictor import closed_form_two_level
 
 from ..router_synth import PROMPT, ScriptedRouter, linear, make_router
+
+CENTERS, PRIOR_COUNT = DEFAULT_CONFIG.stop_centers, DEFAULT_CONFIG.stop_prior_count
+DRAFT_GRID = DEFAULT_CONFIG.draft_grid
 
 GREEDY = SamplingParams()
 KEY = ("greedy", "d", "t")

@@ -3,10 +3,13 @@ a draft's prefill priced against it."""
 
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.router.lengths import DEFAULT, AnswerLengths
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.estimates.lengths import AnswerLengths
 
 from ..router_synth import PROMPT, linear
 from .test_scheduler import seeded_router
+
+DEFAULT = DEFAULT_CONFIG.default_horizon
 
 
 def test_the_horizon_is_the_median_of_what_longer_answers_wrote_beyond_the_current_length():

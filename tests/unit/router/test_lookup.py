@@ -9,10 +9,12 @@ from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import OPTED_OUT, MemoryScope, SuffixMemory
 from specrouter.errors import InvalidParameterError
-from specrouter.router.plan import match_key
-from specrouter.router.scheduler import DRAFT_GRID, LOOKUP_GRID
+from specrouter.router.policy.plan import match_key
+from specrouter.router.config import DEFAULT_CONFIG
 
 from ..router_synth import linear, make_router, seconds_per_token
+
+DRAFT_GRID, LOOKUP_GRID = DEFAULT_CONFIG.draft_grid, DEFAULT_CONFIG.lookup_grid
 
 
 def repeating_target():
@@ -117,3 +119,40 @@ def test_every_long_draft_is_verified_at_a_timed_size():
     coarse = [k for k in (*router.grid, *router.lookup_grid) if k > 8]
     assert coarse and all(router.costs.seconds("t", k + 1) == pytest.approx(tiles(k + 1)) for k in coarse)
     assert [(k + 1) % 16 for k in router.lookup_grid[-3:]] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("lookup", ["ngram", "suffix"])
+def test_a_cycle_looks_its_context_up_once(lookup, monkeypatch):
+    """The router's lookup before the cycle (its choice reads the match) is handed to the
+    drafter: a cycle that drafts with the model-free level does not look up again."""
+    target = repeating_target()
+    router = make_router(target, [], lookup=lookup)
+    drafter = router.lookup_drafter
+    calls = []
+    real = type(drafter).lookup
+
+    def counted(self, context, n, committed=None):
+        calls.append(len(context))
+        return real(self, context, n, committed)
+
+    monkeypatch.setattr(type(drafter), "lookup", counted)
+    _, result = seconds_per_token(router, [target], SamplingParams(), 120)
+    drafted = sum(result.chains_used[i][0] == [lookup, "t"] for i in result.chains_per_cycle)
+    assert drafted > 10 and len(calls) == result.cycles  # one lookup per cycle, drafting or not
+
+
+def test_a_handed_lookup_serves_only_the_first_draft_at_the_committed_context():
+    from specrouter.drafters.lookup import Handed
+    from specrouter.drafters.suffix import SuffixDrafter
+
+    context = [1, 2, 3, 4, 1, 2, 3, 4, 5, 1, 2, 3]
+    drafter = SuffixDrafter()
+    found = drafter.find(context, 8)
+    handed = Handed(found, len(context), 8)
+    assert handed.serves(context, 8, len(context)) and handed.serves(context, 3, len(context))
+    assert not handed.serves(context, 9, len(context))  # more than it was asked for
+    assert not handed.serves([*context, 4], 3, len(context))  # a context a middle level extended
+    assert not handed.serves(context[:-1], 3, len(context) - 1)  # another cycle's
+    for n in range(1, 9):  # a lookup's first n tokens are a lookup of n
+        assert handed.take(n) == drafter.find(context, n)
+

@@ -1,4 +1,4 @@
-"""The router's pacing (router/pacing.py): how often a session deliberates, and when it may
+"""The router's pacing (router/policy/pacing.py): how often a session deliberates, and when it may
 reuse a recent decision instead."""
 
 from __future__ import annotations
@@ -11,12 +11,16 @@ import pytest
 
 from specrouter.cascade.chain import CycleRunner
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.router.pacing import AGREED, ALPHA, MARGIN, STALE, ChoicePacing, Kind, firm
-from specrouter.router.plan import Scored
-from specrouter.router.predictor import ChainSpec, Prediction
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.policy.pacing import ChoicePacing, Kind, firm
+from specrouter.router.policy.plan import Scored
+from specrouter.router.policy.predictor import ChainSpec, Prediction
 from specrouter.state import SequenceState
 
 from ..router_synth import PROMPT, family, make_router
+
+AGREED, ALPHA = DEFAULT_CONFIG.pacing_agreed, DEFAULT_CONFIG.pacing_alpha
+MARGIN, STALE = DEFAULT_CONFIG.pacing_margin, DEFAULT_CONFIG.pacing_stale
 
 SOME = Scored(ChainSpec(("d", "t"), (4,)), Prediction(0.01, 0.03, 3.0))
 OTHER = Scored(ChainSpec(("d", "t"), (2,)), Prediction(0.01, 0.02, 2.0))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from specrouter.router.planner import PLAN_EVERY
+from specrouter.router.config import DEFAULT_CONFIG
 
 from ..router_synth import family, make_router
+
+PLAN_EVERY = DEFAULT_CONFIG.plan_every
 
 GREEDY = dict(batch=1, row_kind="greedy")
 

@@ -9,8 +9,8 @@ from specrouter.drafters.ngram import NgramDrafter
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
-from specrouter.router.acceptance import AcceptanceEstimator, pair_score, position_scores
-from specrouter.router.predictor import ChainSpec, closed_form_two_level, expected_tokens, predict
+from specrouter.router.estimates.acceptance import AcceptanceEstimator, pair_score, position_scores
+from specrouter.router.policy.predictor import ChainSpec, closed_form_two_level, expected_tokens, predict
 
 from ..router_synth import PROMPT, ScriptedRouter, family, rows_cost_simulated_time, simulated_clock
 

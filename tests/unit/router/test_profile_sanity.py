@@ -12,9 +12,10 @@ import warnings
 import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
-from specrouter.router.costs import CostProfile, OnlineCosts
-from specrouter.router.profiler import (PROFILE_NS, CpuSample, busy, implausible, load_or_profile, save_refined,
-                                        unsteady)
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
+from specrouter.router.estimates.profiler import PROFILE_NS, CpuSample, busy, implausible, unsteady
+from specrouter.router.estimates.profile_cache import load_or_profile, save_refined
 
 from ..router_synth import linear
 
@@ -106,7 +107,7 @@ def test_a_profile_the_timed_forwards_contradict_is_refitted_at_once_and_saved(t
     costs = OnlineCosts(load_or_profile([m], tmp_path / "p", repeats=1, progress=False, clock=clock, batches=()))
     assert "m" in costs.profile.context_tables
     costs.observe("m", 1, m.latency(1))
-    assert 0 < costs.refitted["m"] < 1 / OnlineCosts.EARLY_DISAGREE  # the profile was ~30x too slow
+    assert 0 < costs.refitted["m"] < 1 / DEFAULT_CONFIG.early_disagree  # the profile was ~30x too slow
     assert "m" not in costs.profile.context_tables  # timed against the table that was wrong
     # One size timed: t(n) = t(1) n, the most a curve whose cost per token never grows allows
     assert costs.seconds("m", 1) == pytest.approx(0.071) and costs.seconds("m", 4) == pytest.approx(0.284)
@@ -183,7 +184,7 @@ def test_a_profile_off_by_less_than_the_early_margin_waits_for_more_forwards(tmp
     for i, n in enumerate((1, 16, 1, 16, 1, 16, 1, 16)):
         assert costs.refitted == {}, i
         costs.observe("m", n, m.latency(n))
-    assert 1 / OnlineCosts.EARLY_DISAGREE < costs.refitted["m"] < 1 / OnlineCosts.DISAGREE
+    assert 1 / DEFAULT_CONFIG.early_disagree < costs.refitted["m"] < 1 / DEFAULT_CONFIG.disagree
     costs = OnlineCosts(CostProfile({"m": {1: m.latency(1), 16: m.latency(16)}}))
     for i, n in enumerate((1, 16, 1)):
         costs.observe("m", n, m.latency(n) * (10 if i == 0 else 1))

@@ -7,16 +7,10 @@ import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.errors import InvalidParameterError
-from specrouter.router.costs import (LONG_CONTEXT, PROFILED_CONTEXT, CostProfile, OnlineCosts, default_lookup_seconds,
+from specrouter.router.estimates.costs import (LONG_CONTEXT, PROFILED_CONTEXT, CostProfile, OnlineCosts, default_lookup_seconds,
                                      interpolate)
-from specrouter.router.profiler import (
-    CONTEXT_NS,
-    PROFILE_NS,
-    load_or_profile,
-    profile_batches,
-    profile_model,
-    read_profile,
-)
+from specrouter.router.estimates.profiler import CONTEXT_NS, PROFILE_NS, profile_batches, profile_model
+from specrouter.router.estimates.profile_cache import load_or_profile, read_profile
 
 from ..router_synth import linear
 
@@ -177,7 +171,7 @@ def test_a_cost_table_is_fitted_non_decreasing_by_pooling_the_dips():
     """Pool adjacent violators: each dip below a smaller size's cost is averaged with it
     until nothing decreases; the total is kept (a least-squares fit); a monotone table is
     returned as it is."""
-    from specrouter.router.costs import nondecreasing
+    from specrouter.router.estimates.costs import nondecreasing
 
     assert nondecreasing({1: 4.0, 2: 1.0, 3: 1.0, 4: 2.0, 8: 5.0, 16: 3.0}) == {1: 2.0, 2: 2.0, 3: 2.0, 4: 2.0, 8: 4.0, 16: 4.0}
     assert nondecreasing({4: 2.0, 1: 1.0, 2: 1.0}) == {1: 1.0, 2: 1.0, 4: 2.0}
@@ -230,7 +224,7 @@ def test_exact_kernels_keep_a_profile_of_their_own(tmp_path):
 def test_a_profile_measured_on_one_node_is_installed_on_another_only_where_missing(tmp_path):
     import threading
 
-    from specrouter.router.profiler import folder_lock, install_profiles, profile_files
+    from specrouter.router.estimates.profile_cache import folder_lock, install_profiles, profile_files
 
     m = SyntheticBackend("m", latency=linear(0.01, 0.002))
     first = tmp_path / "node-a"

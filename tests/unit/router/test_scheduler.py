@@ -9,14 +9,16 @@ from specrouter.drafters.ngram import NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.router import AcceptanceEstimator, OnlineCosts
-from specrouter.router.predictor import ChainSpec, closed_form_two_level, predict
-from specrouter.router.acceptance import STALE_HALF_LIFE
-from specrouter.router.plan import match_key
+from specrouter.router.policy.predictor import ChainSpec, closed_form_two_level, predict
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.policy.plan import match_key
 from specrouter.router.build import build_router
-from specrouter.router.scheduler import DRAFT_GRID, ProbeBudget
+from specrouter.router.policy.state import ProbeBudget
 
 from ..router_synth import (PROMPT, family, linear, make_router, profiled, rows_cost_simulated_time,
                            seconds_per_token, static_chains)
+
+DRAFT_GRID, STALE_HALF_LIFE = DEFAULT_CONFIG.draft_grid, DEFAULT_CONFIG.stale_half_life
 
 SAMPLED = SamplingParams(temperature=1.0)
 GREEDY = SamplingParams()
@@ -433,7 +435,7 @@ def _long_prompt_stream(share_budget: bool, requests: int = 10):
     for _ in range(requests):
         session = router.session()
         if not share_budget:  # what each request had before the account was the router's
-            session.budget = ProbeBudget(router.explore_fraction)
+            session.budget = ProbeBudget(router.config.explore_fraction)
         prompt = [int(t) for t in rng.integers(0, 16, 300)]
         results.append(seconds_per_token(session, [target, draft], GREEDY, 40, prompt=prompt)[1])
     return router, results
@@ -453,4 +455,4 @@ def test_the_probe_budget_is_the_routers_so_a_catch_up_no_request_affords_is_pai
     first = probes(shared)[0]
     assert 0 < first < len(shared) - 1  # not in the first request: it could not afford it either
     assert shared[-1].chain == ["d", "t"]  # learnt: the draft pays once it has the context
-    assert router.budget.spent <= router.explore_fraction * router.budget.elapsed
+    assert router.budget.spent <= router.config.explore_fraction * router.budget.elapsed

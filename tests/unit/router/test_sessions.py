@@ -9,7 +9,7 @@ from specrouter.drafters.ngram import NGRAM_NAME, NgramDrafter
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine.batch import BatchScheduler, SeqRequest
-from specrouter.router.plan import match_key
+from specrouter.router.policy.plan import match_key
 
 from ..router_synth import family, linear, make_router
 from ..engine.test_batch import drain, finished

@@ -1,6 +1,6 @@
 """Learned state merged, not overwritten: the estimates file pools what every process learned
-(router/learned.py), under an inter-process lock, written atomically; profile tables are
-replaced whole, atomically (router/persist.py)."""
+(router/estimates/learned.py), under an inter-process lock, written atomically; profile tables are
+replaced whole, atomically (router/estimates/persist.py)."""
 
 import json
 import multiprocessing
@@ -8,9 +8,12 @@ import time
 
 import pytest
 
-from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.learned import PERSIST_CAP, PairEstimate, read_estimates
-from specrouter.router.profiler import _write
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.estimates.learned import PairEstimate, read_estimates
+from specrouter.router.estimates.profile_cache import _write
+
+PERSIST_CAP = DEFAULT_CONFIG.persist_cap
 
 SEEDED = {"format": 2, "estimates": {"greedy|small|target": [0.5, 8]}}
 

@@ -157,3 +157,43 @@ def test_serve_ray_flags_reach_the_fleet(monkeypatch):
     (c,) = seen
     assert (c.ray.enabled, c.ray.min_replicas, c.ray.max_replicas, c.ray.address, c.ray.affinity_slack,
             c.ray.sync_seconds, c.ray.target_ongoing_requests) == (True, 1, 4, "auto", 0, 0.5, 3.0)
+
+
+def test_the_router_config_is_a_table_or_a_file_and_its_errors_name_the_key(tmp_path, served):
+    c = load_config(None, router_config={"hysteresis": 0.1, "draft_grid": [1, 2, 4]})
+    assert c.router_settings().changed() == {"draft_grid": (1, 2, 4), "hysteresis": 0.1}
+    assert load_config().router_settings().changed() == {}
+    path = tmp_path / "serve.toml"
+    path.write_text("port = 9000\n[router_config]\nshrink = 16\n")
+    assert load_config(path).router_settings().shrink == 16.0
+    tuning = tmp_path / "router.toml"
+    tuning.write_text("explore_fraction = 0.01\n")
+    path.write_text(f"router_config = {str(tuning)!r}\n")
+    c = load_config(path)
+    assert c.router_config == {"explore_fraction": 0.01}  # read at once: a fleet's replicas get the table
+    assert load_config(path, router_config=tmp_path / "router.toml") == c
+    result = CliRunner().invoke(main, ["serve", "--router-config", str(tuning)], env={"SPECROUTER_API_KEY": None})
+    assert result.exit_code == 0, result.output
+    assert served[-1].router_settings().explore_fraction == 0.01
+    with pytest.raises(InvalidParameterError, match=r"router_config: .*invalid router config: unknown key 'hysteresi' "
+                                                    r"\(did you mean 'hysteresis'\?\)"):
+        load_config(None, router_config={"hysteresi": 0.1})
+    tuning.write_text("explore_fraction = 2\n")
+    result = CliRunner().invoke(main, ["serve", "--router-config", str(tuning)])
+    assert result.exit_code == 2 and len(served) == 1
+    assert result.output.startswith("error: invalid server configuration: router_config: ")
+    assert f"invalid router config {tuning}: explore_fraction: Input should be less than 1 (got 2)" in result.output
+
+
+def test_the_server_builds_its_router_with_the_router_config(monkeypatch):
+    seen = {}
+
+    def auto_router(*args, config, **kw):
+        seen["config"] = config
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(run, "auto_router", auto_router)
+    monkeypatch.setattr(run, "Pool", lambda **kw: type("P", (), {"close": lambda self: None})())
+    with pytest.raises(RuntimeError, match="stop here"), run.build_engine(load_config(None, router_config={"stretch": 3})):
+        pass
+    assert seen["config"].changed() == {"stretch": 3}

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 
 from specrouter.drafters.memory import SuffixMemory
-from specrouter.router.costs import OnlineCosts
+from specrouter.router.estimates.costs import OnlineCosts
 from specrouter.router.frozen import FrozenRoutes
 
 from ..server_synth import MODEL, build_engine, running_server

@@ -10,7 +10,7 @@ from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.errors import InvalidParameterError
 from specrouter.router import AcceptanceEstimator, OnlineCosts
 from specrouter.router.build import build_router
-from specrouter.router.pacing import ChoicePacing
+from specrouter.router.policy.pacing import ChoicePacing
 from specrouter.sim.batched import BatchRun, copies_for, predict_batches, serve
 from specrouter.sim.host import HostCosts
 from specrouter.sim.roofline import Device, roofline_profile

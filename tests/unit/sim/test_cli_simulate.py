@@ -10,7 +10,7 @@ from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cli import main
 from specrouter.cli_sim import read_prompts
 from specrouter.errors import InvalidParameterError
-from specrouter.router.profiler import read_profile
+from specrouter.router.estimates.profile_cache import read_profile
 from specrouter.sim.roofline import device, roofline_profile
 from specrouter.sim.simulate import predict
 from specrouter.sim.trace import Trace, record
@@ -55,6 +55,20 @@ def test_host_ms_prices_the_engines_own_work_in_a_replay(files):
     assert written["speedup"] == expected.speedup and written["host"] == host.label()
     assert expected.speedup != predict(trace, measured).speedup  # the host work moved the replay
     assert host.label() in result.output
+
+
+def test_router_config_tunes_the_replayed_router(files):
+    from specrouter.router.config import DEFAULT_CONFIG
+
+    (files / "router.toml").write_text("explore_fraction = 0.0\ndraft_grid = [1]\nlookup_grid = [1]\n")
+    result = invoke(files / "trace.json", "--profile", files / "profile.json", "--router-config", files / "router.toml",
+                    "--json", files / "tuned.json")
+    assert result.exit_code == 0, result.output
+    trace, measured = Trace.load(files / "trace.json"), read_profile(files / "profile.json")
+    config = DEFAULT_CONFIG.replace(explore_fraction=0.0, draft_grid=(1,), lookup_grid=(1,))
+    expected = predict(trace, measured, config=config)
+    assert json.loads((files / "tuned.json").read_text())["speedup"] == expected.speedup
+    assert expected.speedup["auto"] != predict(trace, measured).speedup["auto"]  # the tuning moved auto
 
 
 def test_a_profile_file_is_replayed_fitted_non_decreasing(files):

@@ -4,8 +4,8 @@ every size over the rounds, so a slow stretch moves an entry by one sample of ma
 import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
-from specrouter.router.costs import CostProfile, nondecreasing
-from specrouter.router.profiler import CONTEXT_NS
+from specrouter.router.estimates.costs import CostProfile, nondecreasing
+from specrouter.router.estimates.profiler import CONTEXT_NS
 from specrouter.sim.machine import InterleavedProfile
 
 NS = (1, 2, 4, 8)

@@ -16,8 +16,8 @@ from specrouter.engine import generate
 from specrouter.errors import InvalidParameterError
 from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts
 from specrouter.router.build import build_router
-from specrouter.router.costs import LONG_CONTEXT, PROFILED_CONTEXT
-from specrouter.router.pacing import ChoicePacing
+from specrouter.router.estimates.costs import LONG_CONTEXT, PROFILED_CONTEXT
+from specrouter.router.policy.pacing import ChoicePacing
 from specrouter.sim.host import HostCosts
 from specrouter.sim.roofline import DEVICES, Device, device, roofline_profile
 from specrouter.sim.simulate import (ALONE, AUTO, ChainChoice, Replay, SimulationError, candidate_chains,
@@ -396,7 +396,7 @@ def timed_machine(pool: SyntheticPool):
 
 
 def test_validation_sets_real_runs_beside_the_simulation_on_the_machine_timed_between_them(trace):
-    from specrouter.router.profiler import PROFILE_NS
+    from specrouter.router.estimates.profiler import PROFILE_NS
     from specrouter.sim.validate import validate
 
     pool = SyntheticPool()

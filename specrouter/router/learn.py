@@ -3,15 +3,15 @@ model and acceptance estimates, and never decides anything.
 
 Per cycle (CycleRunner's observer protocol): every forward's cost (a batched call teaches the
 shared costs once, not once per sequence), the Python work per logits row, and every
-verification's acceptance, filed under the proposer's estimator name (the n-gram's: the match
+verification's acceptance, filed under the proposer's estimator name (the lookup's: the match
 class of the lookup that drafted that block).
 
 Free observations: every model in a cycle computes its distribution at the cycle's context
 (row 0 of its first call), so every pair of the chain's models is scored there, adjacent or
-not (`_shadow_pairs`); the n-gram lookup made before the choice is scored against the rows the
+not (`_shadow_pairs`); the lookup made before the choice is scored against the rows the
 models compute anyway (`_shadow_ngram`), or, when the target ran alone and reported no rows,
 against what it emitted: those tokens are draws from (greedy: the argmax of) the target's p,
-so [emitted == n-gram's] has expectation p(x), an unbiased if noisier acceptance score.
+so [emitted == lookup's] has expectation p(x), an unbiased if noisier acceptance score.
 
 The fixed cost per forward outside the model (Python, the driver) is the cycle's time minus
 its forwards and rows, per forward: an EMA pushed to the cost model (alone only: in a batch a
@@ -23,27 +23,28 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from specrouter.router.acceptance import AcceptanceEstimator, pair_score
-from specrouter.router.plan import match_key
-from specrouter.router.predictor import ChainSpec
-from specrouter.router.costs import OnlineCosts
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.estimates.acceptance import AcceptanceEstimator, pair_score
+from specrouter.router.estimates.costs import OnlineCosts
+from specrouter.router.policy.plan import match_key
+from specrouter.router.policy.predictor import ChainSpec
 
-OVERHEAD_EMA = 0.2
 
 
 class CycleLearner:
     """The observing half of one router session."""
 
     def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str,
-                 lookup: str | None = None) -> None:
+                 lookup: str | None = None, config: RouterConfig = DEFAULT_CONFIG) -> None:
         """lookup: the model-free level (None: none), filed per match class (the Draft's)."""
         self.acceptance, self.costs, self.target, self.lookup = acceptance, costs, target, lookup
+        self.config = config
         self.row_kind = "greedy"
         self.overhead = 0.0
         self.begin(None, None)
 
     def begin(self, ngram_x: list[int] | None, ngram_class: str | None) -> None:
-        """A cycle starts; the n-gram's lookup at its context proposed ngram_x (None: nothing)."""
+        """A cycle starts; the lookup at its context proposed ngram_x (None: nothing)."""
         self._first_row: dict[str, object] = {}
         self._ngram_x, self._ngram_class = ngram_x, ngram_class
         self._ngram_scored: set[str] = set()  # verifiers it was scored against this cycle
@@ -90,15 +91,15 @@ class CycleLearner:
             self._shadow_ngram_on_output(new_tokens)
         if self._fwd_count and batch_size == 1:
             overhead = max(0.0, (seconds - self._fwd_seconds - self._rows_seconds) / self._fwd_count)
-            self.overhead += OVERHEAD_EMA * (overhead - self.overhead)
+            self.overhead += self.config.overhead_alpha * (overhead - self.overhead)
             self.costs.set_overhead(self.overhead)
         if ran is not None:
             self._shadow_pairs(ran.names)
 
     # Shadow scores ------------------------------------------------------------------------
     def _shadow_ngram(self, verifier: str, proposals, p) -> None:
-        """Score the n-gram's proposal against the verifier's rows while their contexts agree
-        (row i follows the actual proposals[:i], valid for the n-gram while those equal its own)."""
+        """Score the lookup's proposal against the verifier's rows while their contexts agree
+        (row i follows the actual proposals[:i], valid for the lookup while those equal its own)."""
         greedy = self.acceptance.mode == "greedy"
         x = self._ngram_x
         scores = []
@@ -123,7 +124,7 @@ class CycleLearner:
         adjacent = set(zip(names, names[1:]))
         for j, i in itertools.combinations(names, 2):
             if (j, i) in adjacent or j not in self._first_row or i not in self._first_row:
-                continue  # (the n-gram is scored in on_verify)
+                continue  # (the lookup is scored in on_verify)
             row = self._first_row[j]
             score = pair_score(row, None, self._first_row[i], True) if greedy else pair_score(0, row, self._first_row[i], False)
             self.acceptance.observe_scores(j, i, [score])

@@ -2,26 +2,28 @@
 when the inputs moved enough to matter.
 
 Candidates: the target alone, and every subset of the draft models (in size order), each with
-or without the n-gram level at the bottom. Inputs (PlanInputs): the acceptance tables of every
-pair, the cost model's snapshot, the Python cost per row, the room and the batch size.
+or without the model-free level at the bottom. Inputs (PlanInputs): the acceptance tables of
+every pair, the cost model's snapshot, the Python cost per row, the room and the batch size.
 
-Cheap per cycle: draft lengths are searched again only when an input moved enough (an
-acceptance by > RATE_TOLERANCE, a cost relative to the target's by > COST_TOLERANCE; for such
-small moves at most every PLAN_EVERY cycles, for BIG_MOVE tolerances at once), and then locally
-around the last optimum (a full search every FULL_SEARCH_EVERY re-plans). A chain this request
-has not planned yet starts from the lengths the router's other sessions found last
-(plan.LengthHints), so a new request's first plans are local searches too; a full search only
-where no session planned the chain yet. The n-gram level's
-acceptance is kept per suffix-match class: its chains are planned per class, lazily (when a
-cycle with that class first needs them after a re-plan), and a move of one class's estimates
-re-plans that class only (every shadow score moves a class's per-request estimate by ~0.1, and
-a search per class after every plan was most of the router's time).
+Cheap per cycle: draft lengths are searched again only when an input moved enough, counted in
+tolerances (an acceptance by rate_tolerance, a proposer's fill by fill_tolerance, a cost
+relative to the target's by cost_tolerance, a lookup's cost, the overhead per forward and the
+cost per row by their own seconds): a move of one tolerance re-plans at most every plan_every
+cycles, one of big_move tolerances at once. A re-plan searches locally around the last
+optimum, fully every full_search_every re-plans. A chain this request has not planned yet
+starts from the lengths the router's other sessions found last (plan.LengthHints), so a new
+request's first plans are local searches too; a full search only where no session planned the
+chain yet. The model-free level's acceptance is kept per match class: its chains are planned
+per class, lazily (when a cycle with that class first needs them after a re-plan), and a move
+of one class's estimates re-plans that class only (every shadow score moves a class's
+per-request estimate).
 
-Exploration inputs: a pair is optimistic at its estimate + EXPLORE_BONUS / sqrt(count + 1), or
-at its global rate when it was left after a bad stretch (AcceptanceEstimator.stale_low); a
-chain gets an optimistic plan while one of its pairs has fewer than CONFIDENT observations or
-is stale. Caution: the cautious and bold tables are CAUTION_Z standard errors below and above
-the estimate (the session's policy enters and leaves chains on them).
+Exploration inputs: a pair is optimistic at its estimate + explore_bonus / sqrt(count + 1)
+(at most optimistic_cap), or at its global rate when it was left after a bad stretch
+(AcceptanceEstimator.stale_low); a chain gets an optimistic plan while one of its pairs has
+fewer than `confident` observations or is stale. Caution: the cautious and bold tables are
+caution_z standard errors below and above the estimate (the guards enter and leave chains on
+them).
 """
 
 from __future__ import annotations
@@ -31,18 +33,11 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 
-from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.plan import LengthHints, Pair, Plan, PlanInputs, Rates, Scored, level_key
-from specrouter.router.costs import OnlineCosts
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.costs import OnlineCosts
+from specrouter.router.policy.plan import LengthHints, Pair, Plan, PlanInputs, Rates, Scored, level_key
 
-EXPLORE_BONUS = 0.5
-#: The cautious and bold rates lie this many standard errors below and above the estimate:
-#: about 1 in 6 chances each that the true rate is beyond.
-CAUTION_Z = 1.0
-CONFIDENT = 48  # positions after which a pair is no longer probed
-FULL_SEARCH_EVERY = 16  # re-plans between full searches of the draft-length grid (local search otherwise)
-COST_TOLERANCE = 0.05  # relative cost move that triggers a re-plan
-PLAN_EVERY, BIG_MOVE = 4, 2.0  # small moves re-plan at most every 4 cycles; 2 tolerances at once
 
 Plans = dict[tuple[str, ...], Scored]
 
@@ -52,11 +47,13 @@ class Planner:
 
     def __init__(self, acceptance: AcceptanceEstimator, costs: OnlineCosts, target: str, grid: Sequence[int],
                  drafts: Sequence[str], lookup: str | None = None, match_keys: Sequence[str] = (),
-                 lookup_grid: Sequence[int] = (), hints: LengthHints | None = None) -> None:
+                 lookup_grid: Sequence[int] = (), hints: LengthHints | None = None,
+                 config: RouterConfig = DEFAULT_CONFIG) -> None:
         """lookup: the model-free level (None: none), whose estimates go by match_keys and
         whose draft lengths are searched over lookup_grid (empty: the grid); hints: the last
         lengths of the router's sessions (shared; default this planner's own)."""
         self.acceptance, self.costs, self.target, self.grid = acceptance, costs, target, tuple(grid)
+        self.config = config
         self.hints = hints or LengthHints()
         self.lookup_grid = tuple(lookup_grid)
         #: The longest draft any level may be asked for.
@@ -77,9 +74,9 @@ class Planner:
     def start(self) -> None:
         """A new request: its first plan is a full search."""
         self._inputs: PlanInputs | None = None
-        self._planned_at = -PLAN_EVERY
+        self._planned_at = -self.config.plan_every
         self._class_planned_at: dict[str, int] = {}  # cycle of each match class's own re-plan
-        # Plans of the chains without the n-gram level, and per match class of those with it.
+        # Plans of the chains without the model-free level, and per match class of those with it.
         self._best: Plans = {}
         self._optimistic: Plans = {}
         self._by_class: dict[str, tuple[Plans, Plans]] = {}
@@ -98,7 +95,7 @@ class Planner:
         return self.acceptance.rate(proposer, verifier, self.estimate_names())
 
     def pairs_to_probe(self, names: Sequence[str], cls: str | None) -> list[Pair]:
-        """The chain's adjacent pairs that only running it can teach: all but the n-gram's
+        """The chain's adjacent pairs that only running it can teach: all but the lookup's
         under the target, which the shadow lookup scores in every cycle with a match (against
         the target's rows, or its output when it runs alone), whatever chain runs."""
         return [(level_key(j, cls, self.lookup), i) for j, i in zip(names, names[1:])
@@ -106,7 +103,7 @@ class Planner:
 
     def plans(self, cls: str | None) -> tuple[Plans, Plans]:
         """The best and the optimistic plans of this cycle: with a match of class `cls`, the
-        n-gram chains too (without one they are their families' other members)."""
+        lookup chains too (without one they are their families' other members)."""
         if cls is None:
             return self._best, self._optimistic
         by_class = self._by_class.get(cls)
@@ -123,15 +120,15 @@ class Planner:
         inputs moved enough (`now`: whatever they did, after a probe, whose observations are
         what the next choice needs). Only the pairs this cycle can use are measured to see
         whether they moved: the models' and its class's (a class's plans serve only the cycles
-        of that class, so another class's move is taken up when a cycle of it comes; measuring
-        every class's pairs before every cycle was a quarter of the choice); a re-plan measures
-        them all."""
+        of that class, so another class's move is taken up when a cycle of it comes); a re-plan
+        measures them all."""
         partial = not now and self._inputs is not None  # else a re-plan comes whatever moved
         inputs = self._measure(room, batch, row_kind, (() if cls is None else (cls,)) if partial else None)
         base, classes = self._move(self._inputs, inputs)
         if not now and not self._due(base, cycle - self._planned_at):
             for moved, move in classes.items():
-                if move >= 1 and cycle - self._class_planned_at.get(moved, self._planned_at) >= PLAN_EVERY:
+                since = cycle - self._class_planned_at.get(moved, self._planned_at)
+                if move >= 1 and since >= self.config.plan_every:
                     self._replan_class(moved, inputs, cycle)
             return
         if partial:
@@ -140,15 +137,15 @@ class Planner:
         self._class_planned_at = {}
         self._inputs = inputs
         self.replans += 1
-        full = self.replans % FULL_SEARCH_EVERY == 0  # the first plan starts from the hints
-        # The n-gram chains keep their draft lengths, re-scored when a cycle of their class
+        full = self.replans % self.config.full_search_every == 0  # the first plan starts from the hints
+        # The lookup chains keep their draft lengths, re-scored when a cycle of their class
         # needs them; their lengths are searched again when their own estimates move
         # (_replan_class), at the periodic full search and when the problem changed (room,
         # batch).
         rescore = set() if full or math.isinf(base) else set(self.ngram_keys)
         cost = functools.lru_cache(maxsize=None)(functools.partial(self._batch_cost, batch=batch))
         self.plan = Plan(inputs, cost, self.grid, inputs.room if inputs.room <= self.longest else None, full, rescore,
-                         self.lookup, self.lookup_grid)
+                         self.lookup, self.lookup_grid, self.config)
         self._previous_by_class = {**self._previous_by_class, **self._by_class}
         self._by_class = {}
         self._best, self._optimistic = self._plans([c for c in self.chains if self.lookup not in c], None,
@@ -170,52 +167,50 @@ class Planner:
         # Chains run in size order, so a proposer is always smaller than its verifier.
         keys = self.ngram_keys if classes is None else classes
         pairs = [*itertools.combinations(self.models, 2), *((k, m) for k in keys for m in self.models)]
-        acc = self.acceptance
-        table = acc.table(pairs, self.estimate_names(), CAUTION_Z)
+        acc, c = self.acceptance, self.config
+        table = acc.table(pairs, self.estimate_names(), c.caution_z)
         rates = table.rate
         optimistic, stale = {}, set()
         for j, i in pairs:
-            bonus = rates[(j, i)] + EXPLORE_BONUS / math.sqrt(table.count[(j, i)] + 1)
+            bonus = rates[(j, i)] + c.explore_bonus / math.sqrt(table.count[(j, i)] + 1)
             low = acc.stale_low(j, i)
             if low is not None:
                 stale.add((j, i))
-            optimistic[(j, i)] = min(0.98, max(bonus, low or 0.0))
+            optimistic[(j, i)] = min(c.optimistic_cap, max(bonus, low or 0.0))
         return PlanInputs(rates, optimistic, table.cautious, table.bold, stale, {(j, i): acc.fill(j, i) for j, i in pairs},
                           self.costs.snapshot(), self.costs.refits, self.costs.row_seconds(row_kind), self.window(room),
                           batch)
 
     def _move(self, old: PlanInputs | None, new: PlanInputs) -> tuple[float, dict[str, float]]:
         """How far the inputs moved since they were planned with, in tolerances (>= 1: enough
-        to matter; timings jitter every cycle): for the chains without the n-gram level, and
-        per match class for the n-gram's own pairs (which move only that class's plans).
+        to matter; timings jitter every cycle): for the chains without the model-free level, and
+        per match class for the lookup's own pairs (which move only that class's plans).
         Infinite when the problem itself changed."""
         # A table replaced (OnlineCosts._refit) prices everything anew: its level and shapes
-        # start over, so the snapshot alone may not show it (a busy profile refitted before
-        # the target's level was ever set left the first plans, at ~2 s a token, standing, and
-        # a 0.5B draft of 23 tokens was probed against them). A cost key that came is a size
+        # start over, so the snapshot alone may not show it. A cost key that came is a size
         # timed for the first time, whose correction was 1 until then.
+        c = self.config
         if old is None or old.batch != new.batch or old.refits != new.refits:
             return math.inf, {}
         if old.room != new.room:  # the room cut another length off the grid (window): at once
-            return BIG_MOVE, {}
+            return c.big_move, {}
         # Model costs count relative to the target's: a level that moves for all (the machine's
-        # speed, which jitters by several % from forward to forward) changes no choice, while
-        # it re-planned every few cycles. Shapes (model@n) are relative already: they are
-        # compared as they are (divided by the target's level too, they re-planned a session
-        # that ran the target alone every ~4 cycles on its level's jitter).
+        # speed, which jitters from forward to forward) changes no choice. Shapes (model@n) are
+        # relative already: they are compared as they are.
         t = self.target
 
         def relative(costs: Mapping[str, float], key: str) -> float:
             value = costs.get(key, 1.0)
             return value / costs.get(t, 1.0) if key in self.models else value
 
-        base = [abs(relative(new.costs, k) - relative(old.costs, k)) / (COST_TOLERANCE * max(abs(relative(old.costs, k)), 1e-9))
+        base = [abs(relative(new.costs, k) - relative(old.costs, k))
+                / (c.cost_tolerance * max(abs(relative(old.costs, k)), 1e-9))
                 for k in new.costs if k not in ("overhead", self.lookup, t)]
-        if self.lookup in old.costs:  # a lookup of ~20 us: its level jitters by tens of %, harmlessly
+        if self.lookup in old.costs:  # a lookup's level jitters widely, harmlessly: its seconds count
             seconds = self.costs.profile.lookup_seconds[self.lookup]
-            base.append(abs(new.costs[self.lookup] - old.costs[self.lookup]) * seconds / 2e-4)
-        base.append(abs(new.costs["overhead"] - old.costs["overhead"]) / 5e-4)
-        base.append(abs(new.row - old.row) / 2e-4)
+            base.append(abs(new.costs[self.lookup] - old.costs[self.lookup]) * seconds / c.lookup_cost_tolerance)
+        base.append(abs(new.costs["overhead"] - old.costs["overhead"]) / c.overhead_tolerance)
+        base.append(abs(new.row - old.row) / c.row_tolerance)
         classes: dict[str, float] = {}
 
         def note(pair: Pair, move: float) -> None:
@@ -224,22 +219,22 @@ class Planner:
             else:
                 base.append(move)
 
-        for (old_table, tolerance), (new_table, _) in zip(old.tolerance_tables(), new.tolerance_tables()):
+        for old_table, new_table, tolerance in zip(old.moving_tables(), new.moving_tables(), PlanInputs.tolerances(c)):
             for pair, value in new_table.items():  # the pairs measured (refresh)
                 note(pair, abs(value - old_table[pair]) / tolerance)
         for pair in {pair for pair in old.stale if pair in new.rates} ^ new.stale:
-            note(pair, BIG_MOVE)  # a pair became worth probing, or stopped being
+            note(pair, c.big_move)  # a pair became worth probing, or stopped being
         return max(base), classes
 
-    @staticmethod
-    def _due(move: float, cycles_since: int) -> bool:
-        # A small move waits until PLAN_EVERY cycles have passed since the last plan: the
-        # per-request estimates and the cost EMAs cross one tolerance most cycles, and a plan
-        # costs ~2 ms of Python, ~2.5% of a CPU token. A large move re-plans at once.
-        return move >= BIG_MOVE or (move >= 1 and cycles_since >= PLAN_EVERY)
+    def _due(self, move: float, cycles_since: int) -> bool:
+        """A small move (one tolerance) re-plans once plan_every cycles have passed since the
+        last plan (the per-request estimates and the cost averages cross one tolerance most
+        cycles); a big_move at once."""
+        c = self.config
+        return move >= c.big_move or (move >= 1 and cycles_since >= c.plan_every)
 
     def _replan_class(self, cls: str, inputs: PlanInputs, cycle: int) -> None:
-        """Take up the new estimates of one match class of the n-gram (the plan's inputs are
+        """Take up the new estimates of one match class of the lookup (the plan's inputs are
         those the next moves are measured from: one update serves both); its chains are planned
         again when a cycle needs them."""
         self.plan.forget_class(cls, inputs)
@@ -267,7 +262,7 @@ class Planner:
         optimistic = {}
         for names in chains:
             pairs = self.pairs_to_probe(names, cls)
-            if any(self.acceptance.count(j, i) < CONFIDENT or (j, i) in p.inputs.stale for j, i in pairs):
+            if any(self.acceptance.count(j, i) < self.config.confident or (j, i) in p.inputs.stale for j, i in pairs):
                 optimistic[names] = plan(names, Rates.OPTIMISTIC, previous[1])
         self.hints.record(best, Rates.ESTIMATE, cls)
         self.hints.record(optimistic, Rates.OPTIMISTIC, cls)

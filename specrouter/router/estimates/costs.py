@@ -1,19 +1,18 @@
 """The runtime cost model: seconds of one forward over n tokens, per model.
 
-CostProfile holds what was measured (specrouter.router.profiler measures it and keeps
-its disk cache): a table per model of {n tokens: seconds}, interpolated linearly in n
-between the measured sizes and extrapolated from the last two beyond them (catch-up
-runs past 32 tokens); batched calls have a table over B as well. OnlineCosts corrects
-it from the timings of real cycles (see there): what the router predicts with.
+CostProfile holds what was measured (profiler.py measures it, profile_cache.py keeps it on
+disk): a table per model of {n tokens: seconds}, interpolated linearly in n between the
+measured sizes and extrapolated from the last two beyond them (a catch-up may run past
+the sizes timed); batched calls have a table over B as well. OnlineCosts corrects it from
+the timings of real cycles (see there): what the router predicts with.
 
 The tables are timed after PROFILED_CONTEXT cached tokens. A forward after c cached tokens
 costs more: each of its n tokens attends over c keys (compute, linear in n c, on a CPU),
 and reads c tokens' K and V. Where a profile also holds a model's context table (the same
 forwards timed after LONG_CONTEXT tokens), `seconds_after` interpolates linearly in c
-between the two tables and extrapolates beyond (what it is on a CPU: docs/simulation.md,
-"Profiles"). The router's predictions do not
-read it yet (its OnlineCosts level follows a longer context as a whole); the simulator
-prices every replayed forward with it.
+between the two tables and extrapolates beyond. The router's predictions do not read it
+(its OnlineCosts level follows a longer context as a whole); the simulator prices every
+replayed forward with it.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import numpy as np
 
 from specrouter.cascade.penalties import penalized
 from specrouter.drafters import MODEL_FREE
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 
 
 #: Cached tokens before every timed forward of a profile's tables.
@@ -66,8 +66,8 @@ def interpolate(table: dict[int, float], n: float) -> float:
 def nondecreasing(table: dict[int, float]) -> dict[int, float]:
     """The least-squares fit of a cost table that does not decrease with n (isotonic
     regression, pool adjacent violators): a forward of more tokens never costs less, so
-    where a measured median dips below a smaller size's (timing noise: a GPU forward bound by
-    kernel launches jitters by tens of percent) both are replaced by their mean, pooled
+    where a measured median dips below a smaller size's (timing noise) both are replaced by
+    their mean, pooled
     until the whole table is non-decreasing. A table that already is comes back unchanged."""
     blocks: list[list[float]] = []  # [sum, count] of each pooled run of sizes, in order of n
     for n in sorted(table):
@@ -166,40 +166,27 @@ class CostProfile:
 class OnlineCosts:
     """The profile, corrected by observed forwards: seconds(m, n) = profile_m(n) * level_m * shape_m(n).
 
-    level_m, an EMA of observed/profiled time over every forward of m, follows a model
-    that slows down or speeds up as a whole (another process on the cores, a longer
-    context) at every n after a few forwards at any n; shape_m(n), a slower EMA per
-    (model, n), corrects the profile's curve where cycles show it is off.
+    level_m, an EMA (cost_alpha) of observed/profiled time over every forward of m, follows
+    a model that slows down or speeds up as a whole (another process on the cores, a longer
+    context) at every n after a few forwards at any n; shape_m(n), a slower EMA (shape_alpha)
+    per (model, n), corrects the profile's curve where cycles show it is off.
+
+    A profile that disagrees with this machine (measured while other work ran, or on
+    another one) is replaced by a table fitted to the timed forwards (refit): at once when
+    one forward is more than early_disagree times faster than the profile allows (nothing
+    makes a forward faster than the machine runs it); when the median of the first
+    early_observed forwards is off by more than early_disagree either way; when the level
+    after min_observed forwards is off by more than `disagree`. A refitted table is fitted
+    again whenever a size it was not fitted to is timed (refined_table bounds the sizes not
+    timed). Other moves are the level's to follow.
 
     It works on its own copy of the profile: a refit replaces the copy's table, never the
     caller's (a simulator prices its machine with that profile; other routers may share it).
     """
 
-    ALPHA = 0.3  # a few observations move the level; one outlier does not
-    SHAPE_ALPHA = 0.1
-    ROW_ALPHA = 0.1
-    #: A profile off by more than this factor from its first MIN_OBSERVED timed forwards
-    #: disagrees with this machine (measured while other work ran, or on another one): it is
-    #: then replaced at once by a table fitted to them (refit), and fitted again whenever a
-    #: size it was not fitted to is timed (refined_table: it bounds the sizes not timed).
-    #: Other moves are the level's to follow (a model that slows down mid-run, for as long as
-    #: it does).
-    DISAGREE = 2.0
-    MIN_OBSERVED = 8
-    #: Off by more than EARLY_DISAGREE at the median of its first EARLY_OBSERVED forwards, a
-    #: profile is refitted then already (a busy machine's profile, 25x too slow, made the first
-    #: requests of a run draft 24 tokens with the 0.5B for 8 forwards); the median ignores one
-    #: slow first forward (weights still being paged in). One forward more than EARLY_DISAGREE
-    #: faster than profiled (_least: past the sizes profiled, than the largest) refits at once,
-    #: whenever it comes: nothing makes a forward faster than this machine runs it, so the
-    #: profile was timed while other work ran (the first forward, a request's prefill, already
-    #: says so; waiting for two more let a busy profile's router catch up the 0.5B on the
-    #: prompt and draft 23 tokens twice, ~1.4 s of a 2.4 s request on the fast EPYC).
-    EARLY_DISAGREE = 4.0
-    EARLY_OBSERVED = 3
-    SAMPLES = 64
-
-    def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0) -> None:
+    def __init__(self, profile: CostProfile, overhead_per_forward: float = 0.0,
+                 config: RouterConfig = DEFAULT_CONFIG) -> None:
+        self.config = config
         self.profile = profile.copy()
         self._level: dict[str, float] = {}
         self._shape: dict[tuple[str, int], float] = {}
@@ -215,8 +202,7 @@ class OnlineCosts:
         #: none where the table is the profile scaled).
         self._fitted: dict[str, set[int]] = {}
         self.overhead_per_forward = overhead_per_forward  # Python work around each forward (feeding, bookkeeping)
-        #: Python work per logits row (warp, sample, verify), per kind of sampling (row_kind):
-        #: ~0.02 ms greedy, ~0.5 ms at a temperature, ~1 ms with top-p, on a 150k vocabulary.
+        #: Python work per logits row (warp, sample, verify), per kind of sampling (row_kind).
         self._row: dict[str, float] = {}
 
     def _shape_at(self, name: str, n: float) -> float:
@@ -237,20 +223,21 @@ class OnlineCosts:
         lookup = name in self.profile.lookup_seconds
         if name not in self.profile.tables and not lookup:
             return
+        c = self.config
         if batch > 1:  # the level follows every call; shapes stay a single-sequence correction
             base = self.profile.seconds(name, max(n / batch, 1), batch)
             level = self._level.get(name, 1.0)
-            self._level[name] = level + self.ALPHA * (seconds / base - level)
+            self._level[name] = level + c.cost_alpha * (seconds / base - level)
             return
         base = self.profile.seconds(name, max(n, 1))
         r = seconds / base if base > 0 else 1.0
         if not lookup:
-            self._samples.setdefault(name, deque(maxlen=self.SAMPLES)).append((max(n, 1), seconds))
+            self._samples.setdefault(name, deque(maxlen=c.cost_samples)).append((max(n, 1), seconds))
         shape = 1.0 if lookup else self._shape.get((name, n), 1.0)
         level = self._level.get(name, 1.0)
-        self._level[name] = level = level + self.ALPHA * (r / shape - level)
+        self._level[name] = level = level + c.cost_alpha * (r / shape - level)
         if not lookup:
-            self._shape[(name, n)] = shape + self.SHAPE_ALPHA * (r / level - shape)
+            self._shape[(name, n)] = shape + c.shape_alpha * (r / level - shape)
             # Shapes average 1 over the sizes seen: a common factor belongs to the level
             # (it then applies at every n), only the relative curve stays in the shapes.
             keys = [k for k in self._shape if k[0] == name]
@@ -264,13 +251,13 @@ class OnlineCosts:
                 # A table that bounds the sizes not timed takes up each new one (refined_table).
                 if name in self._fitted and max(n, 1) not in self._fitted[name]:
                     self._refit(name, self.refitted[name])
-            elif (fast := seconds / self._least(name, n)) < 1 / self.EARLY_DISAGREE:
+            elif (fast := seconds / self._least(name, n)) < 1 / c.early_disagree:
                 self._refit(name, fast)  # faster than it can be: the profile was timed busy
-            elif seen == self.EARLY_OBSERVED:
+            elif seen == c.early_observed:
                 early = float(np.median([t / self.profile.seconds(name, k) for k, t in self._samples[name]]))
-                if not 1 / self.EARLY_DISAGREE <= early <= self.EARLY_DISAGREE:
+                if not 1 / c.early_disagree <= early <= c.early_disagree:
                     self._refit(name, early)
-            elif seen == self.MIN_OBSERVED and not 1 / self.DISAGREE <= level <= self.DISAGREE:
+            elif seen == c.min_observed and not 1 / c.disagree <= level <= c.disagree:
                 self._refit(name, level)
 
     def _least(self, name: str, n: int) -> float:
@@ -310,13 +297,11 @@ class OnlineCosts:
         A forward reads its weights once for all its tokens, so its cost per token t(n) / n
         does not grow with n, and its curve is about concave (affine at worst). Below the
         smallest size timed, m, that gives t(n) >= t(m) n / m, the bound used: the line
-        through the larger sizes extended down overstates a single forward (a busy profile's
-        refit from a prefill of 118 tokens and verifications of 20-24 priced the q4 1.5B's
-        one-token forward at ~90 ms, where it takes 28, so drafting with the 0.5B looked
-        worth it and ran auto at ~0.6x the target alone, and the target's single forwards,
-        which would have shown it, never ran). Priced at the bound, a single forward is
-        cheap: the target runs alone, its single forwards are timed, and the table is
-        refitted with them (observe: every new size timed refits such a table). Above the
+        through the larger sizes extended down would overstate a single forward, make
+        drafting look worth it, and keep the target's single forwards (which would show it)
+        from ever running. Priced at the bound, a single forward is cheap: the target runs
+        alone, its single forwards are timed, and the table is refitted with them (observe:
+        every new size timed refits such a table). Above the
         largest, the line through the two largest sizes extended (an upper bound of a concave
         curve: long drafts priced dear), or t(m) n / m with one size timed."""
         samples = self._samples.get(name, ())
@@ -355,7 +340,7 @@ class OnlineCosts:
         if rows > 0:
             per_row = seconds / rows
             old = self._row.get(kind)
-            self._row[kind] = per_row if old is None else old + self.ROW_ALPHA * (per_row - old)
+            self._row[kind] = per_row if old is None else old + self.config.row_alpha * (per_row - old)
 
 
 
@@ -367,7 +352,7 @@ class FixedCosts(OnlineCosts):
 
     @classmethod
     def of(cls, costs: OnlineCosts) -> FixedCosts:
-        fixed = cls(costs.profile, costs.overhead_per_forward)
+        fixed = cls(costs.profile, costs.overhead_per_forward, costs.config)
         fixed._level, fixed._shape, fixed._row = dict(costs._level), dict(costs._shape), dict(costs._row)
         return fixed
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specrouter.backends.base import Backend
-from specrouter.router.acceptance import AcceptanceEstimator
-from specrouter.router.costs import OnlineCosts
-from specrouter.router.profiler import save_refined
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.costs import OnlineCosts
+from specrouter.router.estimates.profile_cache import save_refined
 
 
 @dataclass

@@ -8,7 +8,7 @@ One block. Level i verifies m proposals from level i - 1 in one forward and retu
 the accepted prefix plus one token of its own, G tokens in all:
     P(G = g) = a^(g-1) (1 - a)  for g = 1..m,    P(G = m + 1) = a^m,
     E[G] = (1 - a^(m+1)) / (1 - a)                                          (1)
-(a proposer that returns fewer tokens than asked, the n-gram, is folded into a: the
+(a proposer that returns fewer tokens than asked, a lookup, is folded into a: the
 estimator scores the first missing position as a rejection, and the verifier feeds
 fill * m proposals on average, fill = proposals given / asked).
 
@@ -23,7 +23,7 @@ P_i(n), the cost of level i producing n proposals for the level above (_propose)
   the level above emitted last time; that is 2 tokens when all its previous n
   proposals were accepted (the last was never fed), else 1:
       P_0(n) = (n - 1) t_0(1) + (1 - pi) t_0(1) + pi t_0(2),  pi = a_0^n
-- level 0, the n-gram: one lookup, t_ng.
+- level 0, a model-free drafter: one lookup, t_ng.
 - level i > 0 runs blocks until it holds n tokens; each block asks level i - 1 for
   min(k_{i-1}, missing) proposals and the surplus of the last block is dropped. With
   r tokens still missing, C(r) = B(min(k, r)) + sum_g P(G = g) C(max(r - g, 0)),
@@ -39,9 +39,9 @@ The sum over g needs no loop. rest[0] = 0, so with V(r) = sum_{g=1}^{min(k, r)} 
 A level's cost for n is then O(n), and the blocks B(m) are min(k, n) distinct values (m = k
 for every r >= k); the whole prediction costs O(L * n) arithmetic, n the longest draft.
 
-Python work per logits row (`row`: warping, sampling, verifying; ~0.5 ms per row of a
-150k vocabulary under sampling, ~0.02 under greedy) is added per row a forward returns:
-1 per draft forward, f m + 1 per verification of m proposals, none for the n-gram. A
+Python work per logits row (`row`: warping, sampling, verifying; far more under sampling
+than under greedy, OnlineCosts.row_seconds per row kind) is added per row a forward returns:
+1 per draft forward, f m + 1 per verification of m proposals, none for a lookup. A
 forward's own cost t_j(n) is the backend call alone (what the profile measures).
 """
 

@@ -1,41 +1,37 @@
 """A plan: what the router's choice is computed from, frozen at a re-plan, and the draft-length
 search over it.
 
-The router re-plans only when its inputs moved by more than a tolerance (scheduler.py says
+The router re-plans only when its inputs moved by more than a tolerance (planner.py says
 when); between re-plans every prediction is made from the same PlanInputs, so predictions are
 memoised per plan (`Plan.predict`) and a cycle that asks again what another asked costs a
 dictionary look-up.
 
 Draft lengths (`Plan.best_lengths`): for a chain of depth d, each of its d non-target levels
-takes a length from the grid. Two-level chains search the whole grid (MAX_EXHAUSTIVE); deeper
-ones by coordinate descent from the middle of the grid (a full plan ~15 ms instead of ~90 on
-four models). After a small move of the inputs the optimum moves little: `start` searches
-the grid neighbours of the last optimum instead (a tenth of a full search). Near the end of a
-request the room (tokens still allowed) cuts the grid: the target never takes more than
-room - 1 proposals.
+takes a length from the grid. Chains with at most max_exhaustive length combinations search
+them all; deeper ones by coordinate descent from the middle of the grid. After a small move of
+the inputs the optimum moves little: `start` searches the grid neighbours of the last optimum
+instead. Near the end of a request the room (tokens still allowed) cuts the grid: the target
+never takes more than room - 1 proposals.
 
 Acceptance tables (`Rates`): the estimate itself; optimistic (for probes: the estimate plus an
-exploration bonus, or a stale pair's global rate); cautious and bold (the estimate one standard
-error below and above: the guard to enter a chain and the one to leave it). Per pair
-(proposer key, verifier): the n-gram level's key is its match class (`level_key`).
+exploration bonus, or a stale pair's global rate); cautious and bold (the estimate caution_z
+standard errors below and above: the guard to enter a chain and the one to leave it). Per pair
+(proposer key, verifier): the model-free level's key is its match class (`level_key`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from specrouter.router.predictor import ChainSpec, Prediction, predict
+from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+from specrouter.router.policy.predictor import ChainSpec, Prediction, predict
 
 #: Per pair (proposer key, verifier).
 Pair = tuple[str, str]
-MAX_EXHAUSTIVE = 100  # 2-level chains: the whole grid; deeper ones by coordinate descent
-RATE_TOLERANCE = 0.04  # acceptance move that triggers a re-plan
-FILL_TOLERANCE = 0.1  # move of the share of asked proposals a proposer gave
 
 
 class Rates(Enum):
@@ -68,7 +64,7 @@ class PlanInputs:
     cautious: dict[Pair, float]
     bold: dict[Pair, float]
     stale: set[Pair]  # pairs left after a bad stretch, worth probing at their global rate
-    fills: dict[Pair, float]  # share of the asked proposals a proposer gave (the n-gram finds fewer)
+    fills: dict[Pair, float]  # share of the asked proposals a proposer gave (a lookup finds fewer)
     costs: dict[str, float]  # the cost model's snapshot (OnlineCosts.snapshot)
     refits: int  # tables the cost model replaced so far (OnlineCosts.refits)
     row: float  # seconds of Python work per logits row
@@ -78,14 +74,18 @@ class PlanInputs:
     def acceptance(self, kind: Rates) -> dict[Pair, float]:
         return getattr(self, kind.value)
 
-    def tolerance_tables(self) -> list[tuple[dict[Pair, float], float]]:
-        """The per-pair tables whose moves trigger a re-plan, with their tolerances."""
-        return [(self.rates, RATE_TOLERANCE), (self.cautious, RATE_TOLERANCE), (self.bold, RATE_TOLERANCE),
-                (self.fills, FILL_TOLERANCE)]
+    def moving_tables(self) -> list[dict[Pair, float]]:
+        """The per-pair tables whose moves trigger a re-plan."""
+        return [self.rates, self.cautious, self.bold, self.fills]
+
+    @staticmethod
+    def tolerances(config: RouterConfig) -> list[float]:
+        """The tolerance of each of moving_tables(), in order."""
+        return [config.rate_tolerance] * 3 + [config.fill_tolerance]
 
     def take_class(self, cls: str, new: PlanInputs) -> None:
-        """Take up `new`'s values of the pairs whose proposer is `cls` (one n-gram match class)."""
-        for (mine, _), (theirs, _) in zip(self.tolerance_tables(), new.tolerance_tables()):
+        """Take up `new`'s values of the pairs whose proposer is `cls` (one match class of the lookup)."""
+        for mine, theirs in zip(self.moving_tables(), new.moving_tables()):
             mine.update((pair, v) for pair, v in theirs.items() if pair[0] == cls)
         self.optimistic.update((pair, v) for pair, v in new.optimistic.items() if pair[0] == cls)
         self.stale.difference_update({pair for pair in self.stale if pair[0] == cls})
@@ -128,18 +128,19 @@ class Plan:
     window: int | None
     #: This re-plan searches every chain's lengths afresh (not around the last optimum).
     full: bool
-    #: Match classes whose n-gram chains keep their lengths and are only predicted again.
+    #: Match classes whose lookup chains keep their lengths and are only predicted again.
     rescore: set[str]
     #: The model-free level (None: the router runs none).
     lookup: str | None = None
     #: Its draft lengths when it drafts at the bottom of a chain (empty: the grid's).
     lookup_grid: tuple[int, ...] = ()
+    config: RouterConfig = DEFAULT_CONFIG
     memo: dict = field(default_factory=dict)  # the predictor's, per (table, class)
     predictions: dict = field(default_factory=dict)  # per (table, class, spec, room)
 
     def predict(self, spec: ChainSpec, kind: Rates = Rates.ESTIMATE, room: int | None = None,
                 cls: str | None = None) -> Prediction:
-        """The prediction at these inputs (memoised), with the n-gram's estimates of class `cls`."""
+        """The prediction at these inputs (memoised), with the lookup's estimates of class `cls`."""
         done = self.predictions.get((kind, cls, spec, room))
         if done is None:
             rates, fills = self.inputs.acceptance(kind), self.inputs.fills
@@ -151,7 +152,7 @@ class Plan:
         return done
 
     def forget_class(self, cls: str, new: PlanInputs) -> None:
-        """One n-gram match class's estimates moved: take them up and drop what was predicted
+        """One match class's estimates moved: take them up and drop what was predicted
         from the old ones (its chains are planned again when a cycle needs them)."""
         self.inputs.take_class(cls, new)
         for kind in Rates:
@@ -174,7 +175,7 @@ class Plan:
         if start is not None:  # near the end the room cuts the grid: start from the longest left
             start = tuple(max((g for g in grid if g <= k), default=grid[0]) for k, grid in zip(start, grids))
             return self._local_search(names, kind, grids, start, cls)
-        if math.prod(len(grid) for grid in grids) <= MAX_EXHAUSTIVE:
+        if math.prod(len(grid) for grid in grids) <= self.config.max_exhaustive:
             options = [ChainSpec(names, ks) for ks in itertools.product(*grids)]
             best = min(options, key=lambda s: self.predict(s, kind, room, cls).seconds_per_token)
             return Scored(best, self.predict(best, kind, room, cls))
@@ -247,33 +248,3 @@ class LengthHints:
     def record(self, plans: dict[tuple[str, ...], Scored], kind: Rates, cls: str | None) -> None:
         for names, scored in plans.items():
             self._lengths[(names, kind, cls)] = scored.spec.draft_lengths
-
-
-@dataclass(frozen=True)
-class DecisionInputs:
-    """What a decision was made from, as `--explain` shows it (milliseconds, rounded)."""
-
-    #: Per shown pair "proposer->verifier": {"rate": estimate, "count": observations}.
-    acceptance: dict[str, dict[str, float]]
-    #: Per shown model: {"n tokens": ms of one forward} at n = 1, 2, 4, 8.
-    cost_ms: dict[str, dict[str, float]]
-    mode: str  # "greedy" or "sampled": which acceptance tables
-    ngram_match: str | None  # the match class of the cycle's lookup (None: no match)
-    overhead_ms_per_forward: float
-    row_ms: float
-    probe_budget_used_ms: float  # what the probes of the router and its sessions spent so far
-
-
-@dataclass
-class Decision:
-    cycle: int
-    position: int
-    chosen: ChainSpec
-    reason: str  # "start", "switch", "probe", "keep"
-    candidates: list[Scored]
-    inputs: DecisionInputs | None = None
-
-    def as_dict(self) -> dict:
-        return {"cycle": self.cycle, "position": self.position, "chosen": str(self.chosen),
-                "reason": self.reason, "candidates": [c.as_dict() for c in self.candidates],
-                "inputs": dataclasses.asdict(self.inputs) if self.inputs is not None else {}}

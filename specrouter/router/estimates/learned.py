@@ -35,10 +35,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specrouter.router.persist import locked, write_atomic
+from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.estimates.persist import locked, write_atomic
 
-#: Scores a pooled or loaded global count is capped at, so new data can still move it.
-PERSIST_CAP = 200.0
+#: The cap of a pooled or loaded count unless one is given (RouterConfig.persist_cap).
+_CAP = DEFAULT_CONFIG.persist_cap
+
 #: Version of the saved estimates: 2 = blocks scored up to their first rejection.
 ESTIMATES_FORMAT = 2
 
@@ -59,7 +61,7 @@ class PairEstimate:
         return f"{self.mode}|{self.proposer}|{self.verifier}"
 
 
-def pool_estimates(tables: Iterable[Iterable[PairEstimate]], cap: float = PERSIST_CAP) -> list[PairEstimate]:
+def pool_estimates(tables: Iterable[Iterable[PairEstimate]], cap: float = _CAP) -> list[PairEstimate]:
     """The count-weighted mean per (mode, proposer, verifier) over the tables, its count the
     sum capped at `cap` (see the module docstring; math.inf: the plain sum), in key order.
     Entries with no count are left out."""
@@ -73,9 +75,9 @@ def pool_estimates(tables: Iterable[Iterable[PairEstimate]], cap: float = PERSIS
     return [PairEstimate(*key, total / count, min(count, cap)) for key, (total, count) in sorted(sums.items())]
 
 
-def read_estimates(file: Path) -> list[PairEstimate] | None:
-    """The table the file holds, its counts capped at PERSIST_CAP (a file is weighed as at
-    most that many scores, whoever wrote it); None when it holds none this version reads
+def read_estimates(file: Path, cap: float = _CAP) -> list[PairEstimate] | None:
+    """The table the file holds, its counts capped at `cap` (a file is weighed as at most
+    that many scores, whoever wrote it); None when it holds none this version reads
     (absent, unreadable, damaged, another format). Entries out of range (a mean outside
     [0, 1], a count not > 0) are left out."""
     try:
@@ -86,17 +88,18 @@ def read_estimates(file: Path) -> list[PairEstimate] | None:
                  for key, (mean, count) in data["estimates"].items()]
     except (OSError, ValueError, TypeError, AttributeError, KeyError):
         return None
-    return [replace(e, count=min(e.count, PERSIST_CAP)) for e in table if 0.0 <= e.mean <= 1.0 and e.count > 0]
+    return [replace(e, count=min(e.count, cap)) for e in table if 0.0 <= e.mean <= 1.0 and e.count > 0]
 
 
-def save_estimates(file: Path, learned: Iterable[PairEstimate], whole: Iterable[PairEstimate]) -> bool:
+def save_estimates(file: Path, learned: Iterable[PairEstimate], whole: Iterable[PairEstimate],
+                   cap: float = _CAP) -> bool:
     """Merge `learned` into the file under its lock, or replace a file with no readable table
-    by `whole` (see the module docstring). Returns whether the file was written (False:
+    by `whole` (see the module docstring), counts capped at `cap`. Returns whether the file was written (False:
     the folder cannot be written or the lock was not had in time; nothing changed)."""
     try:
         with locked(file):
-            on_disk = read_estimates(file)
-            table = pool_estimates([whole] if on_disk is None else [on_disk, learned])
+            on_disk = read_estimates(file, cap)
+            table = pool_estimates([whole] if on_disk is None else [on_disk, learned], cap)
             data = {"format": ESTIMATES_FORMAT, "estimates": {e.key: [e.mean, e.count] for e in table}}
             write_atomic(file, json.dumps(data, indent=1))
     except OSError:
