@@ -10,6 +10,7 @@ from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.errors import InvalidParameterError
 from specrouter.router import AcceptanceEstimator, OnlineCosts
 from specrouter.router.build import build_router
+from specrouter.router.frozen import FrozenRoutes
 from specrouter.router.policy.pacing import ChoicePacing
 from specrouter.sim.batched import BatchRun, copies_for, predict_batches, serve
 from specrouter.sim.host import HostCosts
@@ -90,8 +91,11 @@ def test_in_a_simulated_batch_every_sequence_pays_its_routers_choices_one_after_
     trace = record(target, [draft], prompts(6), max_tokens=40, branch_tokens=32)
     free, priced = Replay(trace, p, price_prompt=True), Replay(trace, p, price_prompt=True,
                                                                host=HostCosts(per_choice=0.002))
-    a = serve(free, free.router("suffix", ChoicePacing(0)).session, 4)  # every choice deliberates (no pacing)
-    b = serve(priced, priced.router("suffix", ChoicePacing(0)).session, 4)
+    # Sessions that price from the costs as profiled (FrozenRoutes: no clock moves them), so
+    # the host's time cannot change a choice: a live session learns a per-forward overhead from
+    # cycle windows that hold the other sequences' choices, and a close call may then flip.
+    a = serve(free, FrozenRoutes(free.router("suffix", ChoicePacing(0))).session, 4)
+    b = serve(priced, FrozenRoutes(priced.router("suffix", ChoicePacing(0))).session, 4)
     assert (a.tokens, a.cycles, a.drafted_cycles) == (b.tokens, b.cycles, b.drafted_cycles)
     assert b.seconds == pytest.approx(a.seconds + 0.002 * a.cycles, rel=1e-12)
     alone = ChainChoice((trace.target,), ())
