@@ -176,8 +176,13 @@ class Constraint:
 
     @property
     def stopped(self) -> bool:
-        """The committed output is a whole sentence the grammar allows no more text after."""
-        return self._matcher.is_stopped()
+        """The committed output is a whole sentence the grammar allows no more text after. With
+        a vocabulary that has no end-of-generation token, also where the grammar allows nothing
+        but its end, which such a vocabulary cannot spell (llguidance says stopped only once a
+        token was consumed: a grammar whose one sentence is empty allows only its end before)."""
+        if self._matcher.is_stopped():
+            return True
+        return not self._eos_ids and self._matcher.is_accepting() and not self._allowed([], 0, 1)[0].any()
 
     def commit(self, token: int) -> None:
         """The output grew by token (drawn from a restricted row: the grammar allows it)."""

@@ -122,6 +122,29 @@ def test_a_grammar_past_the_engines_limits_is_a_400_naming_the_limit_and_logs_no
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.parametrize("constraint", [{"regex": ""}, {"grammar": 'root ::= ""'}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_whose_one_sentence_is_empty_gets_an_empty_answer_from_models_without_an_end_token(
+        constraint, stream):
+    """The synthetic models have no end-of-generation token: the grammar allows only its end."""
+    service, _ = build_service()
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 5, "stream": stream, **constraint}
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        response = http.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        if stream:
+            events = [json.loads(line[6:]) for line in response.text.splitlines()
+                      if line.startswith("data: {")]
+            assert ["".join(c["text"] for c in e["choices"]) for e in events] == [""]
+            assert events[-1]["choices"][0]["finish_reason"] == "stop"
+        else:
+            choice = response.json()["choices"][0]
+            assert (choice["text"], choice["finish_reason"]) == ("", "stop")
+            assert response.json()["usage"]["completion_tokens"] == 0
+        _served_next(http)
+    assert wait_until(lambda: service.live_sequences == 0)
+
+
 @pytest.mark.parametrize(("path", "field", "value"), [
     ("/v1/completions", "stream", "yes"),
     ("/v1/completions", "max_tokens", "4"),
