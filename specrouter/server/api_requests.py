@@ -36,7 +36,7 @@ from pydantic_core import PydanticCustomError
 
 from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.logprobs import MAX_TOP_LOGPROBS
-from specrouter.cascade.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
+from specrouter.cascade.sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import clip
 
@@ -198,7 +198,7 @@ class _Sampling(_Strict):
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, each its own sequence (and random stream)")
     frequency_penalty: Penalty = 0.0
     presence_penalty: Penalty = 0.0
-    repetition_penalty: float = Field(1.0, gt=0, le=1e3, allow_inf_nan=False,
+    repetition_penalty: float = Field(1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, allow_inf_nan=False,
                                       description="1 disables (extension, as in vLLM)")
     min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="0 disables (extension, as in vLLM)")
     logit_bias: LogitBias | None = None
