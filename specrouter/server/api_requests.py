@@ -104,7 +104,7 @@ DraftLength = Annotated[int, Field(ge=1, le=32)]
 def Unsupported(*neutral: Any, what: str) -> Any:  # noqa: N802 - a type, as Annotated aliases are
     """A field of OpenAI's API that this server does not implement: None or one of its
     `neutral` values (what asks for nothing) is accepted, anything else is a 400 naming the
-    field (code unsupported_parameter)."""
+    field (code unsupported_parameter). The OpenAPI document lists the accepted values (enum)."""
 
     def check(value: Any) -> Any:
         if value is not None and not any(_same(value, n) for n in neutral):
@@ -113,7 +113,8 @@ def Unsupported(*neutral: Any, what: str) -> Any:  # noqa: N802 - a type, as Ann
         return value
 
     neutral_text = " or ".join(json.dumps(n) for n in neutral) or "null"
-    return Annotated[Any, AfterValidator(check), Field(description=f"not supported yet: only {neutral_text}")]
+    return Annotated[Any, AfterValidator(check), Field(description=f"not supported yet: only {neutral_text}",
+                                                       json_schema_extra={"enum": [*neutral, None]})]
 
 
 def _same(value: Any, neutral: Any) -> bool:
