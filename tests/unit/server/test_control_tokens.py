@@ -9,7 +9,7 @@ import pytest
 
 from specrouter.chat import chat_prompt_tokens, render_chat
 from specrouter.errors import ChatTemplateError
-from specrouter.server.schemas import ChatCompletionRequest, ChatMessage
+from specrouter.server.api_requests import ChatCompletionRequest, ChatMessage
 
 from ..specials_synth import CONTROL_ID, Specials
 
