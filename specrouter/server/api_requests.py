@@ -367,8 +367,14 @@ class ChatMessage(_Strict):
             raise ValueError("only an assistant message has tool_calls")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
-        for call in self.tool_calls or ():
-            call.function.parsed_arguments  # noqa: B018 - checked now, a 400 naming messages
+        for i, call in enumerate(self.tool_calls or ()):
+            # Checked now (a 400 naming messages), as the body is: the text's \ud800 escapes
+            # decode to lone surrogates only once it is parsed.
+            problem = body_problem(call.function.parsed_arguments)
+            if problem is not None:
+                path = ".".join(("tool_calls", str(i), "function", "arguments", *problem.path))
+                raise PydanticCustomError(problem.code, "{path}: {what}", {"path": clip(path, 120),
+                                                                           "what": problem.what})
         return self
 
     @property

@@ -81,6 +81,35 @@ def test_a_body_nested_deeper_than_the_bound_is_a_400_naming_the_field():
         _served_next(http)
 
 
+def _nested(levels: int) -> dict:
+    deep: object = "x"
+    for _ in range(levels):
+        deep = {"k": deep}
+    return deep
+
+
+@pytest.mark.parametrize(("arguments", "code", "detail"), [
+    ({"a": "x" + SURROGATE}, "invalid_unicode", "arguments.a: invalid Unicode: a lone surrogate at character 1"),
+    ({"a": [{SURROGATE: 1}]}, "invalid_unicode", "arguments.a.0.\\ud800: invalid Unicode: a lone surrogate"),
+    (_nested(MAX_DEPTH + 1), "too_deep", "arguments.k.k.k"),
+    (_nested(900), "too_deep", "arguments.k.k.k"),
+])
+def test_a_calls_arguments_are_checked_as_the_body_is_once_parsed(arguments, code, detail):
+    """The arguments are JSON text: ASCII escapes of lone surrogates, or nesting, show only
+    once it is parsed."""
+    service, _ = build_service()
+    call = {**CALL["tool_calls"][0], "function": {"name": "f", "arguments": json.dumps(arguments)}}
+    request = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"},
+                                                             {**CALL, "tool_calls": [call]}]}
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        error = _error(http.post(CHAT, json=request), 400)
+        assert (error["param"], error["code"]) == ("messages", code)
+        assert error["message"].startswith(f"messages.1: tool_calls.0.function.{detail}")
+        if code == "too_deep":
+            assert error["message"].endswith(f"nested deeper than {MAX_DEPTH} levels")
+        _served_next(http)
+
+
 def test_an_unexpected_error_keeps_the_connection_and_is_logged_once_briefly(monkeypatch, caplog):
     service, _ = build_service()
     huge = "grammar " * 100_000  # an exception whose text quotes a client's whole input
