@@ -317,6 +317,14 @@ def test_a_grammar_the_vocabulary_cannot_spell_is_refused_before_anything_runs()
         generate(Chain([target], []), PROMPT, SamplingParams(grammar=Grammar.json_object()), 4)
 
 
+def test_a_grammar_forcing_a_byte_no_token_spells_is_refused_there():
+    """After "ab" the grammar forces "_", which the letters a..e cannot spell."""
+    target, _, small = models()
+    for chain in (Chain([target], []), Chain([small, target], [3]), Chain([NgramDrafter(max_ngram=1), target], [4])):
+        with pytest.raises(InvalidGrammarError, match="allows no token of the vocabulary after .* no token spells"):
+            generate(chain, PROMPT, SamplingParams(grammar=Grammar("regex", "ab_c|ab_d")), 4)
+
+
 # Forced continuations as drafts ----------------------------------------------------------
 
 #: After its first letter, a long stretch the grammar forces, then a choice, and again.
