@@ -146,13 +146,25 @@ def prepare(backend: Backend) -> None:
     _tokenizer(backend)
 
 
-def _tokenizer(backend: Backend) -> llguidance.LLTokenizer:
-    tok = _TOKENIZERS.get(backend)
-    if tok is None:
+@dataclass(frozen=True)
+class _Prepared:
+    """A backend's llguidance tokenizer, and the bytes no token of its vocabulary starts with
+    (none below 0xf5, where UTF-8 text lies, for a real vocabulary: it has every byte)."""
+
+    tokenizer: llguidance.LLTokenizer
+    unspelled: frozenset[int]
+
+
+def _tokenizer(backend: Backend) -> _Prepared:
+    prepared = _TOKENIZERS.get(backend)
+    if prepared is None:
         eos = min(backend.eos_ids) if backend.eos_ids else backend.n_tokens
-        tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocabulary(backend, eos)))
-        _TOKENIZERS[backend] = tok
-    return tok
+        vocabulary = _Vocabulary(backend, eos)
+        first = {piece[0] for piece in vocabulary.tokens if piece and piece[0] != 0xFF}
+        prepared = _Prepared(llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocabulary)),
+                             frozenset(range(0xF5)) - first)
+        _TOKENIZERS[backend] = prepared
+    return prepared
 
 
 class Constraint:
@@ -162,7 +174,8 @@ class Constraint:
     tokens are all allowed where the grammar allows its end."""
 
     def __init__(self, grammar: Grammar, backend: Backend) -> None:
-        self._tok = _tokenizer(backend)
+        prepared = _tokenizer(backend)
+        self._tok, self._unspelled = prepared.tokenizer, prepared.unspelled
         self._matcher = llguidance.LLMatcher(self._tok, grammar.definition, log_level=0)
         self._kind = grammar.kind
         if self._matcher.is_error():
@@ -176,8 +189,13 @@ class Constraint:
 
     @property
     def stopped(self) -> bool:
-        """The committed output is a whole sentence the grammar allows no more text after."""
-        return self._matcher.is_stopped()
+        """The committed output is a whole sentence the grammar allows no more text after. With
+        a vocabulary that has no end-of-generation token, also where the grammar allows nothing
+        but its end, which such a vocabulary cannot spell (llguidance says stopped only once a
+        token was consumed: a grammar whose one sentence is empty allows only its end before)."""
+        if self._matcher.is_stopped():
+            return True
+        return not self._eos_ids and self._matcher.is_accepting() and not self._allowed([], 0, 1)[0].any()
 
     def commit(self, token: int) -> None:
         """The output grew by token (drawn from a restricted row: the grammar allows it)."""
@@ -265,11 +283,14 @@ class Constraint:
                                    f"output tokens: {first}")
 
     def _mask(self) -> np.ndarray:
+        # Bytes the grammar forces that no token starts with: llguidance's mask then allows what
+        # would follow them (after "ab" in "ab_e|ab_s", "e" where "_" is missing), not nothing.
+        forced = self._matcher.compute_ff_bytes() if self._unspelled else b""
         bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[: self._n].astype(bool)
         if self._end in self._eos_ids:
             allowed[self._end] = False  # the end as the grammar allows it, below
-        if not allowed.any() and not self._matcher.is_accepting():
+        if (forced and forced[0] in self._unspelled) or (not allowed.any() and not self._matcher.is_accepting()):
             # No text can follow and the output is no sentence yet: the vocabulary lacks the bytes
             # the grammar needs next (a real one has every byte). llguidance would offer the end.
             raise InvalidGrammarError(f"the grammar allows no token of the vocabulary after {self.output} output "

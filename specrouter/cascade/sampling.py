@@ -29,6 +29,10 @@ TOP_P_MARGIN = 1e-12
 MAX_LOGIT_BIAS = 100.0
 #: The range of frequency_penalty and presence_penalty (OpenAI's).
 MAX_PENALTY = 2.0
+#: The range of repetition_penalty, symmetric about 1 (which disables it): a logit divided
+#: by the smallest stays finite in float32 (below 3e35 in magnitude), where a smaller one
+#: would make it inf and the warped row NaN.
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-3, 1e3
 
 
 @dataclass(frozen=True)
@@ -64,8 +68,10 @@ class SamplingParams:
             value = getattr(self, name)
             if not _real(value) or not -MAX_PENALTY <= value <= MAX_PENALTY:
                 raise InvalidParameterError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {value}")
-        if not _real(self.repetition_penalty) or not 0 < self.repetition_penalty <= 1e3:
-            raise InvalidParameterError(f"repetition_penalty must be > 0 (1 disables), got {self.repetition_penalty}")
+        if not _real(self.repetition_penalty) or not (
+                MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY):
+            raise InvalidParameterError(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, "
+                                        f"{MAX_REPETITION_PENALTY:g}] (1 disables), got {self.repetition_penalty}")
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
             raise InvalidParameterError(f"grammar must be a Grammar, got {type(self.grammar).__name__}")
         for token, bias in self.logit_bias:

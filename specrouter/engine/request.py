@@ -292,6 +292,8 @@ class SequenceRun:
     def start_cycle(self, batch_size: int = 1) -> CycleRunner | None:
         """The runner of the next cycle (its chain chosen now), or None when generation is over.
         batch_size: sequences that will advance together with this one (for the router)."""
+        if not self.finished and self.constraint is not None and self.constraint.stopped:
+            self.finish_reason, self.finished = "stop", True  # the empty output is the grammar's whole sentence
         if self.finished or self.room <= 0:
             self.finished = True
             return None

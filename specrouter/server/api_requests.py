@@ -36,7 +36,7 @@ from pydantic_core import PydanticCustomError
 
 from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.logprobs import MAX_TOP_LOGPROBS
-from specrouter.cascade.sampling import MAX_LOGIT_BIAS, MAX_PENALTY
+from specrouter.cascade.sampling import MAX_LOGIT_BIAS, MAX_PENALTY, MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import clip
 
@@ -104,7 +104,7 @@ DraftLength = Annotated[int, Field(ge=1, le=32)]
 def Unsupported(*neutral: Any, what: str) -> Any:  # noqa: N802 - a type, as Annotated aliases are
     """A field of OpenAI's API that this server does not implement: None or one of its
     `neutral` values (what asks for nothing) is accepted, anything else is a 400 naming the
-    field (code unsupported_parameter)."""
+    field (code unsupported_parameter). The OpenAPI document lists the accepted values (enum)."""
 
     def check(value: Any) -> Any:
         if value is not None and not any(_same(value, n) for n in neutral):
@@ -113,7 +113,8 @@ def Unsupported(*neutral: Any, what: str) -> Any:  # noqa: N802 - a type, as Ann
         return value
 
     neutral_text = " or ".join(json.dumps(n) for n in neutral) or "null"
-    return Annotated[Any, AfterValidator(check), Field(description=f"not supported yet: only {neutral_text}")]
+    return Annotated[Any, AfterValidator(check), Field(description=f"not supported yet: only {neutral_text}",
+                                                       json_schema_extra={"enum": [*neutral, None]})]
 
 
 def _same(value: Any, neutral: Any) -> bool:
@@ -198,7 +199,7 @@ class _Sampling(_Strict):
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices, each its own sequence (and random stream)")
     frequency_penalty: Penalty = 0.0
     presence_penalty: Penalty = 0.0
-    repetition_penalty: float = Field(1.0, gt=0, le=1e3, allow_inf_nan=False,
+    repetition_penalty: float = Field(1.0, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, allow_inf_nan=False,
                                       description="1 disables (extension, as in vLLM)")
     min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False, description="0 disables (extension, as in vLLM)")
     logit_bias: LogitBias | None = None
@@ -366,8 +367,14 @@ class ChatMessage(_Strict):
             raise ValueError("only an assistant message has tool_calls")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs tool_call_id")
-        for call in self.tool_calls or ():
-            call.function.parsed_arguments  # noqa: B018 - checked now, a 400 naming messages
+        for i, call in enumerate(self.tool_calls or ()):
+            # Checked now (a 400 naming messages), as the body is: the text's \ud800 escapes
+            # decode to lone surrogates only once it is parsed.
+            problem = body_problem(call.function.parsed_arguments)
+            if problem is not None:
+                path = ".".join(("tool_calls", str(i), "function", "arguments", *problem.path))
+                raise PydanticCustomError(problem.code, "{path}: {what}", {"path": clip(path, 120),
+                                                                           "what": problem.what})
         return self
 
     @property

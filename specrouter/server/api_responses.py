@@ -60,7 +60,7 @@ class Usage(BaseModel):
             for stats in r.levels:
                 levels.setdefault(stats.name, LevelStats(stats.name)).add(stats)
         target = results[0].levels[-1].name if results[0].levels else None
-        ordered = [s for s in levels.values() if s.name != target] + [levels[target]] * (target in levels)
+        ordered = [s for s in levels.values() if s.name != target] + ([levels[target]] if target in levels else [])
         top = max(chains, key=chains.get) if chains else (tuple(results[0].chain), tuple(results[0].draft_lengths))
         tokens, cycles = sum(len(r.token_ids) for r in results), sum(r.cycles for r in results)
         spec = SpeculationUsage(

@@ -109,6 +109,17 @@ def test_the_finite_grammar_stops_and_generation_ends_there():
     assert c.stopped
 
 
+@pytest.mark.parametrize("eos", [EOS, None], ids=["end token", "no end token"])
+def test_a_grammar_whose_one_sentence_is_empty_ends_at_once(eos):
+    """With an end token the grammar allows only it; a vocabulary without one ends there too."""
+    target = SyntheticBackend("target", vocab=VOCAB, eos_id=eos, family_seed=FAMILY)
+    for chain in (Chain([target], []), Chain([NgramDrafter(max_ngram=1), target], [4])):
+        for grammar in (Grammar("regex", ""), Grammar("gbnf", 'root ::= ""')):
+            r = generate(chain, PROMPT, SamplingParams(grammar=grammar), 4)
+            assert (r.token_ids, r.finish_reason) == ([], "stop")
+    assert fresh(Grammar("regex", ""), target, []).stopped == (eos is None)
+
+
 def test_a_grammar_that_does_not_compile_is_refused_when_built():
     with pytest.raises(InvalidGrammarError, match="regex grammar"):
         Grammar("regex", "(ab")
@@ -304,6 +315,14 @@ def test_a_grammar_the_vocabulary_cannot_spell_is_refused_before_anything_runs()
     target, _, _ = models()  # letters a..e only: no "{"
     with pytest.raises(InvalidGrammarError, match="allows no token of the vocabulary after 0 output tokens"):
         generate(Chain([target], []), PROMPT, SamplingParams(grammar=Grammar.json_object()), 4)
+
+
+def test_a_grammar_forcing_a_byte_no_token_spells_is_refused_there():
+    """After "ab" the grammar forces "_", which the letters a..e cannot spell."""
+    target, _, small = models()
+    for chain in (Chain([target], []), Chain([small, target], [3]), Chain([NgramDrafter(max_ngram=1), target], [4])):
+        with pytest.raises(InvalidGrammarError, match="allows no token of the vocabulary after .* no token spells"):
+            generate(chain, PROMPT, SamplingParams(grammar=Grammar("regex", "ab_c|ab_d")), 4)
 
 
 # Forced continuations as drafts ----------------------------------------------------------

@@ -86,13 +86,29 @@ def test_min_p_keeps_the_tokens_at_least_min_p_times_as_likely_as_the_top_one():
     ({"min_p": 1.5}, "min_p must be in [0, 1]"),
     ({"frequency_penalty": 2.5}, "frequency_penalty must be in [-2.0, 2.0]"),
     ({"presence_penalty": float("nan")}, "presence_penalty must be in [-2.0, 2.0]"),
-    ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty must be in [0.001, 1000]"),
+    ({"repetition_penalty": 5e-324}, "repetition_penalty must be in [0.001, 1000]"),
+    ({"repetition_penalty": 1000.5}, "repetition_penalty must be in [0.001, 1000]"),
     ({"logit_bias": ((3, 101.0),)}, "logit_bias values must be in [-100, 100]"),
     ({"logit_bias": ((-1, 1.0),)}, "logit_bias keys must be token ids >= 0"),
 ])
 def test_bad_values_are_refused(kw, message):
     with pytest.raises(InvalidParameterError, match=message.replace("[", r"\[").replace("]", r"\]")):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_extreme_repetition_penalties_keep_a_biased_row_a_distribution(dtype):
+    """A tiny penalty divides a positive logit by it: the smallest accepted keeps it finite."""
+    row = np.array([30.0, -30.0, 5.0, 0.0, 1.0, 2.0], dtype=dtype)
+    history = History([0, 1, 2])
+    for r in (1e-3, 1e3):
+        params = SamplingParams(temperature=1.0, repetition_penalty=r, logit_bias=((0, 100.0), (1, -100.0)))
+        out = penalize(row, [0, 1, 2], params, history)
+        assert np.isfinite(out).all()
+        probs = warp(out, params)
+        assert np.isfinite(probs).all() and probs.sum() == pytest.approx(1.0)
+        assert int(np.argmax(probs)) == (0 if r < 1 else 5)  # 130 / r on top, or 2 above 130 / 1000
 
 
 def test_a_bias_on_a_token_outside_the_vocabulary_is_refused():

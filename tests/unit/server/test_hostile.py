@@ -81,6 +81,35 @@ def test_a_body_nested_deeper_than_the_bound_is_a_400_naming_the_field():
         _served_next(http)
 
 
+def _nested(levels: int) -> dict:
+    deep: object = "x"
+    for _ in range(levels):
+        deep = {"k": deep}
+    return deep
+
+
+@pytest.mark.parametrize(("arguments", "code", "detail"), [
+    ({"a": "x" + SURROGATE}, "invalid_unicode", "arguments.a: invalid Unicode: a lone surrogate at character 1"),
+    ({"a": [{SURROGATE: 1}]}, "invalid_unicode", "arguments.a.0.\\ud800: invalid Unicode: a lone surrogate"),
+    (_nested(MAX_DEPTH + 1), "too_deep", "arguments.k.k.k"),
+    (_nested(900), "too_deep", "arguments.k.k.k"),
+])
+def test_a_calls_arguments_are_checked_as_the_body_is_once_parsed(arguments, code, detail):
+    """The arguments are JSON text: ASCII escapes of lone surrogates, or nesting, show only
+    once it is parsed."""
+    service, _ = build_service()
+    call = {**CALL["tool_calls"][0], "function": {"name": "f", "arguments": json.dumps(arguments)}}
+    request = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"},
+                                                             {**CALL, "tool_calls": [call]}]}
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        error = _error(http.post(CHAT, json=request), 400)
+        assert (error["param"], error["code"]) == ("messages", code)
+        assert error["message"].startswith(f"messages.1: tool_calls.0.function.{detail}")
+        if code == "too_deep":
+            assert error["message"].endswith(f"nested deeper than {MAX_DEPTH} levels")
+        _served_next(http)
+
+
 def test_an_unexpected_error_keeps_the_connection_and_is_logged_once_briefly(monkeypatch, caplog):
     service, _ = build_service()
     huge = "grammar " * 100_000  # an exception whose text quotes a client's whole input
@@ -120,6 +149,29 @@ def test_a_grammar_past_the_engines_limits_is_a_400_naming_the_limit_and_logs_no
         assert "beyond the grammar engine's limits" in error["message"] and len(error["message"]) < 600
         _served_next(http)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("constraint", [{"regex": ""}, {"grammar": 'root ::= ""'}])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_grammar_whose_one_sentence_is_empty_gets_an_empty_answer_from_models_without_an_end_token(
+        constraint, stream):
+    """The synthetic models have no end-of-generation token: the grammar allows only its end."""
+    service, _ = build_service()
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 5, "stream": stream, **constraint}
+    with running_server(service) as (url, _), httpx.Client(base_url=url, timeout=30) as http:
+        response = http.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        if stream:
+            events = [json.loads(line[6:]) for line in response.text.splitlines()
+                      if line.startswith("data: {")]
+            assert ["".join(c["text"] for c in e["choices"]) for e in events] == [""]
+            assert events[-1]["choices"][0]["finish_reason"] == "stop"
+        else:
+            choice = response.json()["choices"][0]
+            assert (choice["text"], choice["finish_reason"]) == ("", "stop")
+            assert response.json()["usage"]["completion_tokens"] == 0
+        _served_next(http)
+    assert wait_until(lambda: service.live_sequences == 0)
 
 
 @pytest.mark.parametrize(("path", "field", "value"), [

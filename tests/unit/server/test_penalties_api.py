@@ -62,6 +62,7 @@ def test_sampled_min_p_never_emits_a_token_below_its_threshold(url):
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"repetition_penalty": 5e-324}, "repetition_penalty"),  # a logit divided by it is inf
     ({"min_p": 1.2}, "min_p"),
     ({"logit_bias": {"1": 150}}, "logit_bias"),
     ({"logit_bias": {"x": 1}}, "logit_bias"),

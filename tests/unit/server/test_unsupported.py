@@ -75,3 +75,11 @@ def test_top_k_minus_one_is_off(url):
     minus_one = httpx.post(url + "/v1/completions", json={**body, "top_k": -1})
     assert minus_one.status_code == 200 and minus_one.json()["choices"][0]["text"] == off
     assert httpx.post(url + "/v1/completions", json={**body, "top_k": -2}).status_code == 400
+
+
+def test_the_served_document_lists_the_values_an_unimplemented_field_accepts(url):
+    schemas = httpx.get(url + "/openapi.json").json()["components"]["schemas"]
+    completion, chat = schemas["CompletionRequest"]["properties"], schemas["ChatCompletionRequest"]["properties"]
+    assert [completion[f]["enum"] for f in ("echo", "best_of", "suffix")] == [[False, None], [1, None], ["", None]]
+    assert chat["function_call"]["enum"] == ["none", "auto", None] and chat["modalities"]["enum"] == [["text"], None]
+    assert chat["audio"]["enum"] == [None] and schemas["ChatMessage"]["properties"]["refusal"]["enum"] == [None]
