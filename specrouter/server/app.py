@@ -79,7 +79,21 @@ def create_app(service: Serving, config: ServeConfig) -> FastAPI:
     async def metrics() -> Response:
         return Response(await service.exposition(), media_type=CONTENT_TYPE_LATEST)
 
+    app.openapi = functools.partial(_document, app)
     return app
+
+
+def _document(app: FastAPI) -> dict:
+    """The OpenAPI document, without FastAPI's 422 responses: an invalid body is a 400 here
+    (OpenAI's error body, api_errors.py)."""
+    if app.openapi_schema is None:
+        app.openapi_schema = FastAPI.openapi(app)
+        for operations in app.openapi_schema["paths"].values():
+            for operation in operations.values():
+                operation["responses"].pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            app.openapi_schema.get("components", {}).get("schemas", {}).pop(name, None)
+    return app.openapi_schema
 
 
 class _Endpoints:

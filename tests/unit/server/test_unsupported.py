@@ -83,3 +83,16 @@ def test_the_served_document_lists_the_values_an_unimplemented_field_accepts(url
     assert [completion[f]["enum"] for f in ("echo", "best_of", "suffix")] == [[False, None], [1, None], ["", None]]
     assert chat["function_call"]["enum"] == ["none", "auto", None] and chat["modalities"]["enum"] == [["text"], None]
     assert chat["audio"]["enum"] == [None] and schemas["ChatMessage"]["properties"]["refusal"]["enum"] == [None]
+
+
+def test_the_served_document_lists_the_400_an_invalid_body_gets_and_no_422():
+    from specrouter.server.app import create_app
+    from specrouter.server.config import ServeConfig
+
+    from ..server_synth import MODELS, build_service
+
+    doc = create_app(build_service(routed=False)[0], ServeConfig(models=MODELS)).openapi()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = doc["paths"][path]["post"]["responses"]
+        assert "400" in responses and "422" not in responses
+    assert "HTTPValidationError" not in doc["components"]["schemas"]
