@@ -14,13 +14,14 @@ time to first token. Writes JSON and markdown to benchmarks/results/.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.machine import machine_info, write_result
+from benchmarks.args import benchmark_parser, result_stem
+from benchmarks.machine import machine_info
+from benchmarks.output import write_result
 from benchmarks.prompts import load
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
@@ -28,7 +29,6 @@ from specrouter.engine.batch import BatchScheduler, Delta, SeqRequest
 from specrouter.pool import Pool
 
 TARGET = "qwen2.5-coder-1.5b"
-RESULTS = Path(__file__).parent / "results"
 
 
 def one_run(pool: Pool, share: float | None, stream: list[int], long: list[int]) -> dict:
@@ -59,13 +59,11 @@ def one_run(pool: Pool, share: float | None, stream: list[int], long: list[int])
             "chunk_calls": scheduler.prefill.calls if scheduler.prefill else 0}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = benchmark_parser("prefill-stall", __doc__, repeats=2)
     parser.add_argument("--prompt-tokens", type=int, default=2000)
     parser.add_argument("--shares", default="none,1.0,0.5")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--stem", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     shares = [None if s == "none" else float(s) for s in args.shares.split(",")]
     pool = Pool(n_ctx=args.prompt_tokens + 1600, n_seq_max=2)
     target = pool.level(TARGET)
@@ -77,7 +75,7 @@ def main() -> None:
     rows = [one_run(pool, share, stream, long) for _ in range(args.repeats) for share in shares]
     pool.close()
     result = {"machine": machine_info(), "prompt_tokens": args.prompt_tokens, "rows": rows}
-    write_result(RESULTS, args.stem or f"prefill-stall-{result['machine']['date'][:10]}", result, markdown(result))
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "prefill-stall", result))
 
 
 def markdown(result: dict) -> str:
