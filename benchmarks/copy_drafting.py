@@ -2,7 +2,7 @@
 (benchmarks/workloads.py: code editing, MT-Bench second turns, documentation), on the
 default q4 llama.cpp 1.5B target, against the target alone.
 
-    python -m benchmarks.copy_drafting [--per-workload 10] [--max-tokens 256] [--modes greedy,T=0.7]
+    python -m benchmarks copy-drafting [--per-workload 10] [--max-tokens 256] [--modes greedy,T=0.7]
                                        [--router-dir DIR] [--methods all] [--native-servers all] [--stem NAME]
 
 Methods: the target alone (first and last per prompt and mode, as in the router
@@ -20,16 +20,17 @@ copy-drafting-<date>.json and .md to benchmarks/results/ (or --out).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.args import profile_line, router_start, write_result
-from benchmarks.chains import MODES, NATIVE, RESULTS, TARGET, compare, native_runner, open_native, static_runner
+from benchmarks.args import benchmark_parser, profile_line, result_stem, router_start
+from benchmarks.chains import MODES, NATIVE, TARGET, compare, native_runner, open_native, static_runner
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
 from benchmarks.native_server import PEERS, Peer, draft_counts, open_peers, server_runner
+from benchmarks.output import write_result
 from benchmarks.summary import ratio_table, routed_chains, summarise
 from benchmarks.workloads import WORKLOADS, load
 from specrouter.cascade.chain import Chain
@@ -210,23 +211,18 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-workload", type=int, default=10)
-    ap.add_argument("--max-tokens", type=int, default=256)
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("copy-drafting", __doc__, per=("workload", 10), max_tokens=256, render=True,
+                          router_dir="the routers' starting profiles and estimates, one folder per lookup drafter "
+                                     "under it (default: none saved, profiles measured at the start)")
     ap.add_argument("--modes", default="greedy,T=0.7", help=f"comma-separated, of {', '.join(MODES)}")
-    ap.add_argument("--router-dir", type=Path, help="the routers' starting profiles and estimates, one folder per "
-                    "lookup drafter under it (default: none saved, profiles measured at the start)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--stem", help="name of the result files (default: copy-drafting-<date>)")
-    ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
     ap.add_argument("--no-native", action="store_true", help="leave out llama-cpp-python's prompt lookup (0.3.36 "
                     "fails with a ValueError where a long document's answer fills its context)")
     ap.add_argument("--methods", default="all", help="our methods beside the target alone: all, or comma-separated "
                     f"of {', '.join((*FIXED, *AUTO))}")
     ap.add_argument("--native-servers", default="all", help="llama-server peers: all, none, or comma-separated "
                     f"labels of {', '.join(p.label for p in PEERS)}")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",")]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -242,8 +238,8 @@ def main() -> None:
     if unknown := [m for m in ours if m not in (*FIXED, *AUTO)]:
         ap.error(f"unknown methods {unknown}: use all or {', '.join((*FIXED, *AUTO))}")
     result = (json.loads(args.render.read_text()) if args.render is not None
-              else run(args.per_workload, args.max_tokens, modes, args.router_dir, not args.no_native, chosen, ours))
-    write_result(result, args.out, args.stem or f"copy-drafting-{result['machine']['date'][:10]}", markdown)
+              else run(args.per_group, args.max_tokens, modes, args.router_dir, not args.no_native, chosen, ours))
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "copy-drafting", result))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ verified in forwards of 11, 13, 17, 25, 33, 49, 65 tokens, the profile timed to 
 interpolated or extrapolated at those) against now (k = 11, 15, 23, 31, 47, 63: forwards
 of 12, 16, 24, 32, 48, 64 tokens, each one a size the profile times).
 
-    python -m benchmarks.draft_grid [--trace FILE] [--per-group 4] [--curve-repeats 3] [--stem NAME]
+    python -m benchmarks draft-grid [--trace FILE] [--per-group 4] [--curve-repeats 3] [--stem NAME]
 
 1. The cost curve: the target's forward over n tokens after 32 and after 512 cached tokens
    (profiler.time_forwards, --curve-repeats per size, medians).
@@ -23,16 +23,16 @@ Writes <stem>.json and .md to benchmarks/results/ (or --out).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.args import write_result
-from benchmarks.chains import RESULTS
+from benchmarks.args import benchmark_parser, result_stem
 from benchmarks.machine import machine_info
+from benchmarks.output import RESULTS, write_result
 from specrouter.cascade.chain import Chain
 from specrouter.drafters import MODEL_FREE
 from specrouter.pool import Pool
@@ -67,23 +67,25 @@ def before(profile: CostProfile) -> CostProfile:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", type=Path, default=TRACE)
-    ap.add_argument("--per-group", type=int, default=4)
-    ap.add_argument("--curve-repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--stem", default=None)
-    args = ap.parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("draft-grid", __doc__, trace=TRACE, per=("group", 4))
+    ap.add_argument("--curve-repeats", type=int, default=3, help="timings per size of the cost curve (the median is kept)")
+    args = ap.parse_args(argv)
+    result = run(args.trace, args.per_group, args.curve_repeats)
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "draft-grid", result))
+
+
+def run(trace_file: Path, per_group: int, curve_repeats: int) -> dict:
+    """The cost curve, then every method on the trace's first `per_group` requests of each group."""
     started = time.time()
-    trace = Trace.load(args.trace)
-    requests = [r for g in trace.groups for r in [r for r in trace.requests if r.group == g][:args.per_group]]
+    trace = Trace.load(trace_file)
+    requests = [r for g in trace.groups for r in [r for r in trace.requests if r.group == g][:per_group]]
     pool = Pool(n_ctx=4096, n_seq_max=1)
     target = pool.model(trace.target)
     drafts = [pool.model(d) for d in trace.drafts]
     curve = {}
     for context in CURVE_CONTEXTS:
-        times = time_forwards(target, CURVE_NS, args.curve_repeats, context=context)
+        times = time_forwards(target, CURVE_NS, curve_repeats, context=context)
         curve[context] = {n: statistics.median(t) for n, t in times.items()}
     with tempfile.TemporaryDirectory() as fresh:
         profile = load_or_profile([*drafts, target], Path(fresh), progress=False)
@@ -111,15 +113,11 @@ def main() -> None:
                                                             (r.chains_used[c] for c in r.chains_per_cycle)))}
                                  for m, (s, r) in runs.items()}})
         print(request.group, request.id, {m: v["ratio"] for m, v in rows[-1]["methods"].items()}, flush=True)
-    shown = {k: v.relative_to(Path.cwd()) if isinstance(v, Path) and v.is_relative_to(Path.cwd()) else v
-             for k, v in vars(args).items() if k not in ("out", "stem")}
-    result = {"machine": machine_info(), "command": "python -m benchmarks.draft_grid " + " ".join(
-                  f"--{k.replace('_', '-')} {v}" for k, v in shown.items()),
-              "trace": str(args.trace.name), "trace_note": trace.note, "max_tokens": trace.max_tokens,
-              "grids": {"before": [BEFORE_DRAFT_GRID, BEFORE_LOOKUP_GRID], "now": [DEFAULT_CONFIG.draft_grid, DEFAULT_CONFIG.lookup_grid]},
-              "profile": profile.as_dict(), "curve": {str(c): {str(n): s for n, s in t.items()} for c, t in curve.items()},
-              "rows": rows, "methods": methods, "minutes": round((time.time() - started) / 60, 1)}
-    write_result(result, args.out, args.stem or f"draft-grid-{result['machine']['date'][:10]}", markdown)
+    return {"machine": machine_info(), "trace": str(trace_file.name), "trace_note": trace.note,
+            "max_tokens": trace.max_tokens,
+            "grids": {"before": [BEFORE_DRAFT_GRID, BEFORE_LOOKUP_GRID], "now": [DEFAULT_CONFIG.draft_grid, DEFAULT_CONFIG.lookup_grid]},
+            "profile": profile.as_dict(), "curve": {str(c): {str(n): s for n, s in t.items()} for c, t in curve.items()},
+            "rows": rows, "methods": methods, "minutes": round((time.time() - started) / 60, 1)}
 
 
 def markdown(result: dict) -> str:
@@ -127,7 +125,7 @@ def markdown(result: dict) -> str:
     groups = list(dict.fromkeys(r["group"] for r in result["rows"]))
     shown = [str(n) for n in SHOWN_NS]
     lines = [f"# Draft lengths on the kernels' tiles ({m['date']})", "",
-             f"Machine: {m['cpu']}, {m['cores']} cores. Command: `{result['command']}`. Run time "
+             f"Machine: {m['cpu']}, {m['cores']} cores. Command: `{m['command']}`. Run time "
              f"{result['minutes']} min. Trace {result['trace']} ({result['trace_note']}), {result['max_tokens']} new "
              "tokens, greedy. Timed from the first streamed text to the end; ratio: the target alone's mean "
              "(first and last run) over the method's; medians per request. Routers fresh, one profile measured "

@@ -1,7 +1,7 @@
 """Replays the router's draft stop on recorded greedy text: how a q4 0.5B draft under the
 fp32 torch 1.5B would do with fixed draft lengths and with the confidence rule.
 
-    python -m benchmarks.draft_stop_replay [--per-dataset 5] [--max-tokens 128]
+    python -m benchmarks draft-stop-replay [--per-dataset 5] [--max-tokens 128]
 
 1. Greedy text per prompt, made by the q4 0.5B -> q4 1.5B chain; the replay keeps it up to
    the first position where the fp32 target's argmax differs (the fp32 target's own text).
@@ -9,20 +9,22 @@ fp32 torch 1.5B would do with fixed draft lengths and with the confidence rule.
    position the draft's top probability and whether its argmax is the target's. Up to
    its first rejection a draft sees exactly this (it drafts on the accepted text).
 3. Each policy walks the text block by block; a block costs k draft forwards plus the
-   verification of k + 1 tokens, both from the router's cost profile of this machine.
+   verification of k + 1 tokens, both from the router's cost profile of this machine,
+   measured at the start (or read from --router-dir).
 Writes draft-stop-replay-<date>.json and .md to benchmarks/results/ (or --out).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.args import benchmark_parser
+from benchmarks.args import ROUTER_DIR, benchmark_parser, profile_line, result_stem, router_start
 from benchmarks.machine import machine_info
+from benchmarks.output import write_result
 from benchmarks.torch_target import MID, SMALL, TARGET, load_prompts
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.proposer import confidence
@@ -32,7 +34,6 @@ from specrouter.pool import Pool
 from specrouter.router import load_or_profile
 from specrouter.router.draft_stop import ConfidenceStop
 
-RESULTS = Path(__file__).parent / "results"
 STATIC = (8, 12, 16, 24)
 CAPS = (16, 24)
 WORTH = 0.17  # seconds a token: about what the q4 0.5B -> fp32 chain runs at here
@@ -84,36 +85,42 @@ def replay(stream: dict, cap: int, draft_s: float, verify, stop: ConfidenceStop 
     return seconds / tokens
 
 
-def main() -> None:
-    ap = benchmark_parser(__doc__, RESULTS)
-    ap.set_defaults(per_dataset=5)
-    args = ap.parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("draft-stop-replay", __doc__, per=("dataset", 5), max_tokens=128, router_dir=ROUTER_DIR)
+    args = ap.parse_args(argv)
+    result = run(args.per_group, args.max_tokens, args.router_dir)
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "draft-stop-replay", result))
+
+
+def run(per_dataset: int, max_tokens: int, router_dir: Path | None) -> dict:
+    router_dir, router_state = router_start(router_dir)
     pool = Pool(n_ctx=4096, n_seq_max=1)
-    costs = load_or_profile([pool.level(SMALL), pool.level(TARGET)], progress=False)  # the router's cached profile
+    costs = load_or_profile([pool.level(SMALL), pool.level(TARGET)], router_dir, progress=False)
     draft_s, verify = costs.seconds(SMALL, 1), lambda n: costs.seconds(TARGET, n)
-    streams = record(pool, args.per_dataset, args.max_tokens)
+    streams = record(pool, per_dataset, max_tokens)
     methods = {f"static {k}": (k, False) for k in STATIC} | {f"stop, cap {c}": (c, True) for c in CAPS}
     per_prompt = {}
     for name, (cap, stops) in methods.items():
         stop = ConfidenceStop() if stops else None  # one calibration over the whole run, as in the router
         per_prompt[name] = [replay(s, cap, draft_s, verify, stop) for s in streams]
+    pool.close()
+    return {"machine": machine_info(), "router_start": router_state, "profile": costs.as_dict(),
+            "positions": sum(len(s["agree"]) for s in streams), "streams": streams,
+            "ms_per_token": {k: [round(1e3 * x, 2) for x in v] for k, v in per_prompt.items()}}
+
+
+def markdown(result: dict) -> str:
+    m, per_prompt = result["machine"], result["ms_per_token"]
     base = per_prompt["static 16"]
-    rows = [(name, 1e3 * sum(v) / len(v), statistics.median(b / x for b, x in zip(base, v)))
-            for name, v in per_prompt.items()]
-    info = machine_info()
-    date = info["date"].split()[0]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"draft-stop-replay-{date}.json").write_text(json.dumps(
-        {"machine": info, "positions": sum(len(s["agree"]) for s in streams), "streams": streams,
-         "ms_per_token": {k: [round(1e3 * x, 2) for x in v] for k, v in per_prompt.items()}}, indent=1))
-    lines = [f"# Draft stop replayed on recorded text: {info['date']}", "",
-             f"Machine: {info['cpu']}, {info['cores']} cores. Command: `{info['command']}`.", "",
-             f"{len(streams)} prompts, {sum(len(s['agree']) for s in streams)} positions; q4 0.5B draft, "
-             "fp32 torch 1.5B target, costs from this machine's router profile.", "",
+    lines = [f"# Draft stop replayed on recorded text: {m['date']}", "",
+             f"Machine: {m['cpu']}, {m['cores']} cores. Command: `{m['command']}`.", "",
+             f"{len(result['streams'])} prompts, {result['positions']} positions; q4 0.5B draft, "
+             f"fp32 torch 1.5B target, costs from the router's profile ({result['router_start']}). "
+             + profile_line(result["profile"], TARGET, "The replay"), "",
              "| policy | mean ms/token over prompts | median speed over static 16, per prompt |", "|---|---|---|"]
-    lines += [f"| {name} | {ms:.1f} | {ratio:.3f} |" for name, ms, ratio in rows]
-    (args.out / f"draft-stop-replay-{date}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    lines += [f"| {name} | {sum(v) / len(v):.1f} | {statistics.median(b / x for b, x in zip(base, v)):.3f} |"
+              for name, v in per_prompt.items()]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The single-process server versus `serve --ray`, over HTTP, at the same total threads.
 
-    python -m benchmarks.fleet [--concurrency 1,4,8] [--requests-per-slot 2] [--max-tokens 48]
+    python -m benchmarks fleet [--concurrency 1,4,8] [--requests-per-slot 2] [--max-tokens 48]
                                [--repeats 3] [--chain off] [--stem NAME]
 
 Three `specrouter serve` setups, one subprocess on a loopback port at a time (each `--ray`
@@ -23,7 +23,6 @@ benchmarks/results/.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -32,18 +31,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from benchmarks.machine import machine_info, write_result
+from benchmarks.args import benchmark_parser, result_stem
+from benchmarks.machine import machine_info
+from benchmarks.output import write_result
 from benchmarks.prompts import load
 from benchmarks.servers import free_port, stop, wait_healthy
 from specrouter.models import default_cache_dir
 
 TARGET = "qwen2.5-coder-1.5b"
-RESULTS = Path(__file__).parent / "results"
 CLI = str(Path(sys.executable).with_name("specrouter"))
 #: server name -> (extra flags, threads per model)
 SERVERS = {"single 1x2": ([], 2), "ray 1x2": (["--ray", "--replicas", "1"], 2),
@@ -182,20 +183,13 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", default="1,4,8", help="comma-separated levels")
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("fleet", __doc__, concurrency="1,4,8", max_tokens=48, repeats=3)
     ap.add_argument("--requests-per-slot", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--chain", default="off", help="the servers' default speculation (off, auto or a chain)")
-    ap.add_argument("--stem", help="name of the result files (default: fleet-<date>)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
-    result = run([int(c) for c in args.concurrency.split(",")], args.requests_per_slot, args.max_tokens, args.chain,
-                 args.repeats)
-    stem = args.stem or f"fleet-{time.strftime('%Y-%m-%d')}"
-    write_result(args.out, stem, result, markdown(result))
+    args = ap.parse_args(argv)
+    result = run(args.concurrency, args.requests_per_slot, args.max_tokens, args.chain, args.repeats)
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "fleet", result))
 
 
 if __name__ == "__main__":

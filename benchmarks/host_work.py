@@ -22,12 +22,13 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
-from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
 
-from benchmarks.machine import machine_info, write_result
+from benchmarks.args import benchmark_parser, result_stem
+from benchmarks.machine import machine_info
+from benchmarks.output import write_result
 
 VOCAB = 151_936
 TOKENS = 200
@@ -36,7 +37,6 @@ CONFIGS = [("target alone", None, 0), ("model -> target [1]", None, 1), ("model 
            ("model -> target [16]", None, 16), ("suffix -> target [16]", "suffix", 16)]
 TEMPERATURES = (0.0, 0.7)
 MODES = ("default", "kept")
-RESULTS = Path(__file__).parent / "results"
 
 
 def measure(mode: str, generations: int, rows: str = "host") -> list[dict]:
@@ -126,15 +126,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=3, help="processes per allocator mode")
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("host-work", __doc__, repeats=3, repeats_help="processes per allocator mode")
     ap.add_argument("--generations", type=int, default=5, help="generations per configuration and process")
     ap.add_argument("--rows", default="host", help="host (numpy), or a torch device (cpu, cuda) holding the rows")
     ap.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
-    ap.add_argument("--stem", default=None)
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.worker:
         json.dump(measure(args.worker, args.generations, args.rows), sys.stdout)
         return
@@ -155,8 +152,7 @@ def main() -> None:
             entry[mode] = {key: statistics.median(run[j][key] for run in runs[mode]) for key in ("ms_per_cycle", "ms_per_token")}
         table.append(entry)
     result = {"machine": machine_info(), "rows": rows_info(args.rows), "repeats": args.repeats, "generations": args.generations, "table": table, "runs": runs}
-    stem = args.stem or f"host-work-{datetime.now(timezone.utc):%Y-%m-%d}"
-    write_result(args.out, stem, result, markdown(result))
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "host-work", result))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
-"""What a benchmark ran on: recorded beside every result."""
+"""What a benchmark ran on, and the command that ran it: recorded beside every result."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
+import shlex
 import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,13 +22,15 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def write_result(out: Path, stem: str, result: dict, md: str) -> None:
-    """A benchmark's result as `stem`.json and its report as `stem`.md in `out` (made if
-    missing); the report is printed too."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    (out / f"{stem}.md").write_text(md)
-    print(md)
+def command(argv: Sequence[str] | None = None, executable: str | None = None) -> str:
+    """The command line that runs again what `argv` (default sys.argv) runs: `python -m
+    benchmarks NAME ...` when the harness (benchmarks/__main__.py) was started, `python -m
+    benchmarks.MODULE ...` when a benchmark's module was; arguments quoted for a shell."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]).name.removesuffix(".py")
+    module = "benchmarks" if script == "__main__" else f"benchmarks.{script}"
+    python = os.path.basename(executable or sys.executable)
+    return shlex.join([python, "-m", module, *argv[1:]])
 
 
 def machine_info() -> dict:
@@ -43,5 +46,5 @@ def machine_info() -> dict:
         "cores": os.cpu_count(),
         "python": sys.version.split()[0],
         "llama_cpp_python": llama_version,
-        "command": " ".join([os.path.basename(sys.executable), "-m", "benchmarks." + os.path.basename(sys.argv[0]).removesuffix(".py"), *sys.argv[1:]]),
+        "command": command(),
     }

@@ -20,16 +20,17 @@ ratios, and B's time to first token. Writes JSON and markdown to benchmarks/resu
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.args import profile_line, router_start
-from benchmarks.machine import machine_info, write_result
+from benchmarks.args import benchmark_parser, profile_line, result_stem, router_start
+from benchmarks.machine import machine_info
+from benchmarks.output import write_result
 from benchmarks.prompts import load
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
@@ -41,7 +42,6 @@ from specrouter.pool import Pool
 from specrouter.router import auto_router
 
 SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
-RESULTS = Path(__file__).parent / "results"
 
 
 def one_run(pool: Pool, router_dir: Path, profile: Path | None, speculation: str, share: float | None,
@@ -79,15 +79,13 @@ def one_run(pool: Pool, router_dir: Path, profile: Path | None, speculation: str
             "chunk_calls": scheduler.prefill.calls if scheduler.prefill else 0}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = benchmark_parser("prefill-stall", __doc__, repeats=2,
+                              router_dir="the router's starting profile and estimates (default: fresh)")
     parser.add_argument("--prompt-tokens", type=int, default=4000)
     parser.add_argument("--speculation", default="auto,off", help="comma-separated: auto, off")
     parser.add_argument("--shares", default="none,0.5")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--router-dir", type=Path, help="the router's starting profile and estimates (default: fresh)")
-    parser.add_argument("--stem", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     modes = args.speculation.split(",")
     for mode in modes:
         if mode not in ("auto", "off"):
@@ -113,7 +111,7 @@ def main() -> None:
     pool.close()
     result = {"machine": machine_info(), "prompt_tokens": args.prompt_tokens, "router_start": router_state,
               "profile": profile, "rows": rows}
-    write_result(RESULTS, args.stem or f"prefill-stall-{result['machine']['date'][:10]}", result, markdown(result))
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "prefill-stall", result))
 
 
 def markdown(result: dict) -> str:

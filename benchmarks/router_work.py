@@ -1,7 +1,7 @@
 """The router's own host time: what auto's choice before every cycle costs, alone and in
 batches, deliberating every cycle or paced (router/pacing.py).
 
-    python -m benchmarks.router_work [--trace FILE] [--device h200] [--overhead-ms 0.5]
+    python -m benchmarks router-work [--trace FILE] [--device h200] [--overhead-ms 0.5]
                                      [--batches 1,8,32] [--fractions 0,0.05] [--repeats 3] [--stem NAME]
 
 The committed q4 trace (benchmarks/results/simulation-2026-12-03-epyc-trace.json: the
@@ -24,7 +24,6 @@ host's measured time (SIMULATION: the device's forwards, this CPU's Python).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.machine import machine_info, write_result
+from benchmarks.args import benchmark_parser, int_list, result_stem
+from benchmarks.machine import machine_info
+from benchmarks.output import RESULTS, write_result
 from specrouter.cascade.chain import Chain
 from specrouter.engine.request import ChainRouter
 from specrouter.router.policy.pacing import ChoicePacing
@@ -42,7 +43,6 @@ from specrouter.sim.roofline import device, roofline_profile
 from specrouter.sim.simulate import ChainChoice, Replay
 from specrouter.sim.trace import Trace
 
-RESULTS = Path(__file__).parent / "results"
 TRACE = RESULTS / "simulation-2026-12-03-epyc-trace.json"
 
 
@@ -129,21 +129,16 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", type=Path, default=TRACE)
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("router-work", __doc__, trace=TRACE, repeats=3)
     ap.add_argument("--device", default="h200", help="the roofline device the router decides for")
     ap.add_argument("--overhead-ms", type=float, default=0.5, help="its fixed cost per forward")
-    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--batches", type=int_list, default=[1, 8, 32], help="comma-separated batch sizes")
     ap.add_argument("--fractions", default="0,0.05", help="the pacing's FRACTION per run (0: no pacing)")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--stem", help="name of the result files (default: router-work-<date>)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
-    result = run(args.trace, args.device, args.overhead_ms, [int(b) for b in args.batches.split(",")],
+    args = ap.parse_args(argv)
+    result = run(args.trace, args.device, args.overhead_ms, args.batches,
                  [float(f) for f in args.fractions.split(",")], args.repeats)
-    stem = args.stem or f"router-work-{result['machine']['date'][:10]}"
-    write_result(args.out, stem, result, markdown(result))
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "router-work", result))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Serving throughput and latency versus concurrency: the target alone and auto routing.
 
-    python -m benchmarks.serving [--concurrency 1,2,4,8] [--requests-per-slot 2] [--max-tokens 96]
+    python -m benchmarks serving [--concurrency 1,2,4,8] [--requests-per-slot 2] [--max-tokens 96]
                                  [--workload first-turn|code-edit|docs] [--lookup ngram|suffix]
                                  [--router-dir DIR] [--exact] [--stem NAME]
                                  [--chain A,B --draft-lengths K [--no-auto]]
@@ -28,15 +28,16 @@ last at each level, and the ratios are to the mean of its two runs.
 
 from __future__ import annotations
 
-import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.args import profile_line, router_start
-from benchmarks.machine import machine_info, write_result
+from benchmarks.args import ROUTER_DIR, benchmark_parser, int_list, profile_line, result_stem, router_start
+from benchmarks.machine import machine_info
+from benchmarks.output import write_result
 from benchmarks.prompts import load
 from benchmarks.workloads import load as load_workload
 from specrouter.cascade.sampling import SamplingParams
@@ -49,7 +50,6 @@ from specrouter.pool import Pool
 from specrouter.router import auto_router
 
 SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
-RESULTS = Path(__file__).parent / "results"
 
 
 def prompts(target, n: int) -> list[list[int]]:
@@ -202,31 +202,24 @@ def plot(result: dict, file: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels")
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("serving", __doc__, concurrency="1,2,4,8", max_tokens=96, router_dir=ROUTER_DIR)
     ap.add_argument("--requests-per-slot", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--workload", choices=["first-turn", "code-edit", "docs"], default="first-turn")
     ap.add_argument("--lookup", choices=list(MODEL_FREE), default="ngram")
-    ap.add_argument("--router-dir", type=Path, help="the router's starting profile and estimates (default: fresh)")
     ap.add_argument("--chain", help="also a fixed chain of pool models, e.g. qwen2.5-coder-0.5b,qwen2.5-coder-1.5b, "
                                     "served in phase and serving every model each step")
-    ap.add_argument("--draft-lengths", help="the fixed chain's draft lengths, e.g. 3")
+    ap.add_argument("--draft-lengths", type=int_list, help="the fixed chain's draft lengths, e.g. 3")
     ap.add_argument("--no-auto", action="store_true", help="leave auto out")
     ap.add_argument("--exact", action="store_true", help="every model on the exact kernels (serve --exact)")
-    ap.add_argument("--stem", help="name of the result files (default: serving-<date>)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    args = ap.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
+    args = ap.parse_args(argv)
     chain = args.chain.split(",") if args.chain else None
-    lengths = [int(k) for k in args.draft_lengths.split(",")] if args.draft_lengths else None
-    result = run(levels, args.requests_per_slot, args.max_tokens, args.workload, args.lookup, args.router_dir,
-                 chain, lengths, not args.no_auto, args.exact)
+    result = run(args.concurrency, args.requests_per_slot, args.max_tokens, args.workload, args.lookup,
+                 args.router_dir, chain, args.draft_lengths, not args.no_auto, args.exact)
+    stem = result_stem(args, "serving", result)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.stem or f"serving-{result['machine']['date'][:10]}"
     plot(result, args.out / f"{stem}.png")
-    write_result(args.out, stem, result, markdown(result, f"{stem}.png"))
+    write_result(result, lambda r: markdown(r, f"{stem}.png"), out=args.out, stem=stem)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 with the real models, validated against real runs on this machine, then asked what a GPU
 would do (roofline: a simulation, labelled so).
 
-    python -m benchmarks.simulation [--prompts first-turn|copy] [--per-dataset 5] [--max-tokens 128] [--repeats 1]
+    python -m benchmarks simulation [--prompts first-turn|copy] [--per-dataset 5] [--max-tokens 128] [--repeats 1]
                                     [--target NAME] [--stem NAME]
-    python -m benchmarks.simulation --trace benchmarks/results/NAME-trace.json [--no-validate] [--batches 1,8,32]
+    python -m benchmarks simulation --trace benchmarks/results/NAME-trace.json [--no-validate] [--batches 1,8,32]
                                     [--phases in-phase|serve-all] [--gpu-profile FILE ...] [--no-rooflines]
 
 1. Record (skipped with --trace): HumanEval (raw completion), GSM8K and MT-Bench (first
@@ -31,17 +31,17 @@ Writes <stem>.json and .md to benchmarks/results/.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.args import write_result
-from benchmarks.chains import RESULTS, SMALL, TARGET, load_prompts
+from benchmarks.args import benchmark_parser, int_list, result_stem
+from benchmarks.chains import SMALL, TARGET, load_prompts
 from benchmarks.copy_drafting import build_prompts
 from benchmarks.machine import machine_info
+from benchmarks.output import write_result
 from specrouter.engine.phase import InPhase, ServeAll, StepModels
 from specrouter.pool import Pool
 from specrouter.router.estimates.costs import CostProfile
@@ -252,17 +252,14 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("simulation", __doc__, per=("dataset", 5), max_tokens=128, repeats=1, trace=None,
+                          render=True, repeats_help="auto runs per request in the validation")
     ap.add_argument("--prompts", choices=list(PROMPT_SETS), default="first-turn",
                     help="what is recorded: the first-turn sets or the copy workloads (ignored with --trace)")
-    ap.add_argument("--per-dataset", type=int, default=5, help="requests per dataset (per workload)")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=1, help="auto runs per request in the validation")
     ap.add_argument("--target", default=TARGET, help="the target recorded (e.g. qwen2.5-coder-1.5b:torch-fp32)")
-    ap.add_argument("--trace", type=Path, help="replay this trace instead of recording one")
     ap.add_argument("--no-validate", action="store_true", help="predict only (no real runs)")
-    ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
+    ap.add_argument("--batches", type=int_list, default=list(BATCHES),
                     help="batch sizes predicted on the roofline profiles ('' for none)")
     ap.add_argument("--phases", choices=list(PHASES), default="in-phase",
                     help="which models a step of the batch scheduler calls (engine/phase.py)")
@@ -273,17 +270,14 @@ def main() -> None:
     ap.add_argument("--gpu-profile", type=Path, action="append", default=[], metavar="FILE",
                     help="also predict on this measured cost profile (scripts/gpu_check.sh's gpu_cost_profile.json)")
     ap.add_argument("--no-rooflines", action="store_true", help="skip the roofline profiles")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--stem", help="name of the result files (default: simulation-<date>)")
-    ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.stem or f"simulation-{machine_info()['date'][:10]}"
+    stem = result_stem(args, "simulation")
     result = (json.loads(args.render.read_text()) if args.render is not None
-              else run(args.per_dataset, args.max_tokens, args.repeats, args.trace, stem, args.out,
-                       not args.no_validate, args.target, tuple(int(b) for b in args.batches.split(",") if b),
-                       args.phases, args.host_ms, tuple(args.gpu_profile), not args.no_rooflines, args.prompts))
-    write_result(result, args.out, stem, markdown)
+              else run(args.per_group, args.max_tokens, args.repeats, args.trace, stem, args.out,
+                       not args.no_validate, args.target, tuple(args.batches), args.phases, args.host_ms,
+                       tuple(args.gpu_profile), not args.no_rooflines, args.prompts))
+    write_result(result, markdown, out=args.out, stem=stem)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Structured output on the real pool: forced tool calls and JSON schema answers, with and
 without speculation.
 
-    python -m benchmarks.structured [--repeats 3] [--stem NAME]
+    python -m benchmarks structured [--repeats 3] [--stem NAME]
 
 In process, one request at a time, greedy, on the default target (the q4 1.5B, llama.cpp).
 Tasks: a tool call with tool_choice naming the function (weather), one with tool_choice
@@ -17,15 +17,17 @@ Writes JSON and markdown to benchmarks/results/.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.machine import machine_info, write_result
+from benchmarks.args import benchmark_parser, result_stem
+from benchmarks.machine import machine_info
+from benchmarks.output import write_result
 from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
@@ -35,7 +37,6 @@ from specrouter.router import auto_router
 from specrouter.server.tools import forced_calls
 
 TARGET, SMALL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-RESULTS = Path(__file__).parent / "results"
 MAX_TOKENS = 128
 
 WEATHER = {"type": "function", "function": {
@@ -85,11 +86,8 @@ def timed(chain, prompt: list[int], params: SamplingParams, max_tokens: int) -> 
     return time.perf_counter() - start, result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--stem", default=None)
-    args = parser.parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    args = benchmark_parser("structured", __doc__, repeats=3).parse_args(argv)
     pool = Pool(n_ctx=2048, n_seq_max=1)
     target = pool.level(TARGET)
     router_dir = Path(tempfile.mkdtemp(prefix="structured-router-"))
@@ -127,7 +125,7 @@ def main() -> None:
               "router_dir": "a fresh temporary folder (no saved profile or estimates)",
               "first_token_s": {k: round(v, 3) for k, v in first_token.items()},
               "texts": {k: v["target alone"] for k, v in texts.items()}, "rows": rows, "runs": runs}
-    write_result(RESULTS, args.stem or f"structured-{result['machine']['date'][:10]}", result, markdown(result))
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "structured", result))
 
 
 def markdown(result: dict) -> str:

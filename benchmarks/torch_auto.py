@@ -1,7 +1,7 @@
 """auto over the fp32 torch target where a new user meets it: chat and summarisation
 prompts, short answers (48 and 128 new tokens), against the target alone.
 
-    python -m benchmarks.torch_auto [--per-set 4] [--lengths 48,128] [--router-dir DIR] [--stem NAME]
+    python -m benchmarks torch-auto [--per-set 4] [--lengths 48,128] [--router-dir DIR] [--stem NAME]
 
 The fp32 torch 1.5B is the target where model drafts pay on this CPU (a q4 0.5B draft
 token costs a few % of its forward: benchmarks/torch_target.py); the copy-drafting issue
@@ -25,17 +25,18 @@ benchmarks/results/.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks.args import profile_line, router_start, write_result
-from benchmarks.chains import RESULTS, run_order, static_runner
+from benchmarks.args import ROUTER_DIR, benchmark_parser, int_list, profile_line, result_stem, router_start
+from benchmarks.chains import run_order, static_runner
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
+from benchmarks.output import write_result
 from benchmarks.prompts import load as load_prompts
 from benchmarks.summary import BASELINE, baseline_drift, ratio_table, routed_chains, summarise
 from benchmarks.workloads import summaries
@@ -145,20 +146,13 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-set", type=int, default=4, help="prompts per set (chat, summary)")
-    ap.add_argument("--lengths", default="48,128", help="comma-separated new-token limits")
-    ap.add_argument("--router-dir", type=Path, help="the router's starting profile and estimates "
-                    "(default: none saved, the profile measured at the start)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--stem", help="name of the result files (default: torch-auto-<date>)")
-    ap.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the report of a saved result")
-    args = ap.parse_args()
-    lengths = [int(n) for n in args.lengths.split(",")]
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("torch-auto", __doc__, per=("set", 4), render=True, router_dir=ROUTER_DIR)
+    ap.add_argument("--lengths", type=int_list, default=[48, 128], help="comma-separated new-token limits")
+    args = ap.parse_args(argv)
     result = (json.loads(args.render.read_text()) if args.render is not None
-              else run(args.per_set, lengths, args.router_dir))
-    write_result(result, args.out, args.stem or f"torch-auto-{result['machine']['date'][:10]}", markdown)
+              else run(args.per_group, args.lengths, args.router_dir))
+    write_result(result, markdown, out=args.out, stem=result_stem(args, "torch-auto", result))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 under Hugging Face assisted generation, under our chains (torch and llama.cpp q4 drafts)
 and under `--chain auto`, with the oracle ceiling of verification.
 
-    python -m benchmarks.torch_target [--per-dataset 10] [--max-tokens 128]
+    python -m benchmarks torch-target [--per-dataset 10] [--max-tokens 128]
                                       [--sweep-per-dataset 1] [--sweep-tokens 48]
-    python -m benchmarks.torch_target --resume benchmarks/results/torch-target-DATE.json [--extend-to N]
+    python -m benchmarks torch-target --resume benchmarks/results/torch-target-DATE.json [--extend-to N]
 
 1. Sweep: every fixed chain on a small grid of draft lengths over a few prompts, greedy;
    the fastest lengths go on.
@@ -26,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.args import benchmark_parser, router_start
+from benchmarks.args import ROUTER_DIR, benchmark_parser, result_stem, router_start
 from benchmarks.machine import machine_info
+from benchmarks.output import save_json, write_result
 from benchmarks.prompts import load
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
@@ -61,7 +62,6 @@ GRID = {
 ORACLE_KS = (4, 8, 16)
 DATASETS = ("humaneval", "gsm8k")
 GREEDY = SamplingParams()
-RESULTS = Path(__file__).parent / "results"
 
 Runner = Callable[[list[int], int], tuple[dict, list[int]]]
 
@@ -256,13 +256,14 @@ def verdicts(summary: dict[str, dict], runs: list[dict]) -> dict:
     }
 
 
-def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, out: Path,
+def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens: int, checkpoint: Path,
         resume: dict | None = None, extend_to: int | None = None, router_dir: Path | None = None) -> dict:
     """The whole benchmark, or with `resume` (a saved, stopped result) the prompts it had not
     measured yet: same settings and swept draft lengths, costs profiled afresh, one part
     more in `parts` (a run of ~4-8 min a prompt may not fit one sitting); `extend_to` raises
     the saved run's prompts per dataset (the next prompts of each set); router_dir: the
-    router's starting profile and estimates (benchmarks.args.router_start)."""
+    router's starting profile and estimates (benchmarks.args.router_start). The result so far
+    is saved to `checkpoint` after every prompt."""
     started = time.perf_counter()
     router_dir, router_state = router_start(router_dir)
     phases = {}
@@ -322,7 +323,7 @@ def run(per_dataset: int, max_tokens: int, sweep_per_dataset: int, sweep_tokens:
     parts = [*result["parts"], part]
     result["runs"] = kept + compare(
         methods, target, todo, max_tokens,
-        lambda runs: write_json({**result, "parts": parts, "runs": kept + runs, "complete": False}, out))
+        lambda runs: save_json({**result, "parts": parts, "runs": kept + runs, "complete": False}, checkpoint))
     phases["main"] = time.perf_counter() - started - sum(phases.values())
     part["phase_seconds"] = {k: round(v, 1) for k, v in phases.items()}
     result["parts"] = parts
@@ -443,34 +444,31 @@ def _stem(result: dict) -> str:
     return f"torch-target-{result['machine']['date'][:10]}"
 
 
-def write_json(result: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{_stem(result)}.json").write_text(json.dumps(result, indent=1, default=str))
-
-
-def write_report(result: dict, out: Path) -> None:
-    """Summary and verdicts from the runs (so a checkpoint renders too), then JSON and markdown."""
+def write_report(result: dict, out: Path, stem: str | None = None) -> None:
+    """Summary and verdicts from the runs (so a checkpoint renders too), then JSON and markdown,
+    named `stem` (default: torch-target-<date of the run>)."""
     result["summary"] = summarise(result["runs"])
     result["verdicts"] = verdicts(result["summary"], result["runs"])
-    write_json(result, out)
-    md = markdown(result)
-    (out / f"{_stem(result)}.md").write_text(md)
-    print(md)
+    write_result(result, markdown, out=out, stem=stem or _stem(result))
 
 
-def main() -> None:
-    ap = benchmark_parser(__doc__, RESULTS)
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("torch-target", __doc__, per=("dataset", 10), max_tokens=128, sweep=True, render=True,
+                          router_dir=ROUTER_DIR)
     ap.add_argument("--resume", type=Path, metavar="JSON",
-                    help="measure the prompts a stopped run (its JSON) had not reached, with its settings and draft lengths")
+                    help="measure the prompts a stopped run (its JSON) had not reached, with its settings and draft "
+                         "lengths (default stem: the file's)")
     ap.add_argument("--extend-to", type=int, metavar="N", help="with --resume: prompts per dataset to reach")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.render is not None:
         result = json.loads(args.render.read_text())
+        stem = result_stem(args, "torch-target", result)
     else:
         resume = json.loads(args.resume.read_text()) if args.resume is not None else None
-        result = run(args.per_dataset, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens, args.out, resume,
-                     args.extend_to, args.router_dir)
-    write_report(result, args.out)
+        stem = args.stem or (args.resume.stem if args.resume is not None else result_stem(args, "torch-target"))
+        result = run(args.per_group, args.max_tokens, args.sweep_per_dataset, args.sweep_tokens,
+                     args.out / f"{stem}.json", resume, args.extend_to, args.router_dir)
+    write_report(result, args.out, stem)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import click
 from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
+from specrouter.cli_compare import compare_cmd
 from specrouter.cli_sim import simulate
 from specrouter.cli_torch import convert
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
@@ -49,6 +50,7 @@ def main() -> None:
     """Lossless speculative decoding over chains of models."""
 
 
+main.add_command(compare_cmd)
 main.add_command(convert)
 main.add_command(simulate)
 
