@@ -27,7 +27,7 @@ import numpy as np
 
 from specrouter.backends.base import ForwardBackend, Run, TimingKey
 from specrouter.backends.hf_tokens import HFTokenTexts
-from specrouter.cascade.torch_rows import register_tensors
+from specrouter.ops.rows_torch import register_tensors
 from specrouter.errors import BackendError, InvalidParameterError, ModelFileError
 
 try:
@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "(install the torch build that fits your machine first)"
     ) from exc
 
-register_tensors()  # rows this backend leaves on its device go through cascade/torch_rows.py
+register_tensors()  # rows this backend leaves on its device go through ops/rows_torch.py
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
@@ -133,7 +133,7 @@ class TorchBackend(ForwardBackend):
         weights: bool = True,
     ) -> None:
         """rows_on_device: hand the cascade its logits rows as tensors left on the device,
-        which the cascade then warps, samples and verifies there (cascade/torch_rows.py);
+        which the cascade then warps, samples and verifies there (ops/rows_torch.py);
         False copies them to host numpy. None (default): on the device unless it is a CPU,
         where the copy costs nothing and numpy's row work is the faster (docs/host-work.md).
         weights=False: the vocabulary only (tokenizer, chat template, context size, end

@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from specrouter.cascade.rows import ops_of
+from specrouter.ops.rows import ops_of
 from specrouter.router.learned import PERSIST_CAP, PairEstimate, read_estimates, save_estimates
 
 #: Acceptance assumed for an unobserved pair with no triangle bound: below the ~0.8 a
