@@ -43,7 +43,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from specrouter.errors import InvalidParameterError
-from specrouter.router.costs import ema
+from specrouter.smoothing import ema
 
 #: Share of a decoding step's time a step may add by feeding chunks. A forward's cost climbs
 #: in steps on a CPU (llama.cpp's GEMM takes rows in groups of 4: 1 token 101 ms, +1 chunk

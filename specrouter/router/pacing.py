@@ -50,8 +50,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from specrouter.router.costs import ema
 from specrouter.router.plan import Scored
+from specrouter.smoothing import ema
 
 #: Share of generation time the router's choices may take: the floor asked of `auto` where
 #: nothing pays is 0.98x the target alone (was 0.05: a fast CPU's 28 ms forward then left
