@@ -34,7 +34,7 @@ import numpy as np
 
 from benchmarks.machine import machine_info, write_result
 from specrouter.cascade.chain import Chain
-from specrouter.engine.request import ChainRouter
+from specrouter.engine.chain_router import ChainRouter
 from specrouter.router.pacing import ChoicePacing
 from specrouter.sim.batched import serve
 from specrouter.sim.host import PricedChoices

@@ -39,10 +39,11 @@ from specrouter.cascade.chain import Chain, EvalRequest, LevelStats, execute
 from specrouter.cascade.logprobs import TokenLogprob
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import MemoryScope
+from specrouter.engine.chain_router import ChainRouter
 from specrouter.engine.phase import InPhase, StepModels
 from specrouter.engine.prefill import PREFILL_SHARE, ChunkedPrefill
 from specrouter.engine.prefix_cache import PrefixCache
-from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
+from specrouter.engine.request import GenerationResult, SequenceRun
 from specrouter.engine.speculation import Speculation, check_chain
 from specrouter.errors import InvalidParameterError
 from specrouter.router.frozen import FrozenRoutes

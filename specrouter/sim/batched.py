@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from specrouter.cascade.chain import Chain
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
+from specrouter.engine.chain_router import ChainRouter
 from specrouter.engine.phase import StepModels
-from specrouter.engine.request import ChainRouter
 from specrouter.errors import InvalidParameterError
 from specrouter.router.costs import CostProfile
 from specrouter.drafters import DEFAULT_LOOKUP
