@@ -1,8 +1,8 @@
 """Warping and sampling one row, on the host or on the row's device, through the row
 operations of its kind (ops/rows.py).
 
-SamplingParams and its bounds live in params.py; they are importable from here too, where
-the package's callers have always found them.
+SamplingParams and its bounds are defined in params.py and exported here as well, beside
+the functions that read them.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ an arrow) and under `if TYPE_CHECKING:`. Importing `specrouter.a.b` also runs `s
                                  with ops); torch conversion of the pool's files
      3  state, vocab, chat*      what a chain's models share: KV bookkeeping, one tokenizer,
                                  chat prompts
-     4  cascade                  one cycle: proposals, verification, sampling parameters
-     5  drafters                 proposers: model-free lookups, a model, the factory by name
+     4  cascade                  one cycle: a model's drafts, verification, sampling parameters
+     5  drafters                 the model-free proposers (lookups, the cross-request memory)
      6  router, pool             choosing chains; loading the levels a chain names (beside each
                                  other: neither imports the other)
      7  engine                   requests, cycles, batches, prefill
@@ -23,8 +23,9 @@ an arrow) and under `if TYPE_CHECKING:`. Importing `specrouter.a.b` also runs `s
      9  fleet                    replicas of the server (it deploys servers)
     10  cli*                     the command line
 
-(The issue's `backends < cascade < drafters < router < engine < server / fleet / sim < cli`, with
-the top-level modules placed and fleet set above the server it deploys.)
+That is `backends < cascade < drafters < router < engine < server / fleet / sim < cli`, with the
+top-level modules placed and fleet set above the server it deploys. An arrow against it stands
+only when listed in EXCEPTIONS with its reason.
 """
 
 from __future__ import annotations
