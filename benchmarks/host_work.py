@@ -9,7 +9,7 @@ its own (the setting is process-wide), the modes alternated, REPEATS processes e
 reported: the median per configuration of host milliseconds per cycle and per token.
 
 `--rows cuda` (or `cpu`) hands the cascade its rows as torch tensors on that device instead
-of numpy (cascade/torch_rows.py: warped, sampled and verified there), what a torch model
+of numpy (ops/rows_torch.py: warped, sampled and verified there), what a torch model
 on a GPU hands over: the row lives on the device once and every forward returns a view of
 it (no copy, no compute: the forward's own work is not the engine's).
 """
@@ -73,7 +73,7 @@ def measure(mode: str, generations: int, rows: str = "host") -> list[dict]:
 
     model = FixedRow
     if rows != "host":
-        from specrouter.cascade.torch_rows import register_tensors
+        from specrouter.ops.rows_torch import register_tensors
 
         register_tensors()
         model = DeviceRow

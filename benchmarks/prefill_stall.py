@@ -36,7 +36,8 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.drafters.memory import SuffixMemory
-from specrouter.engine.batch import BatchScheduler, Delta, SeqRequest, pool_planner
+from specrouter.engine.batch import BatchScheduler, Delta, SeqRequest
+from specrouter.engine.planning import pool_planner
 from specrouter.engine.speculation import Speculation
 from specrouter.pool import Pool
 from specrouter.router import auto_router

@@ -35,7 +35,7 @@ from benchmarks.args import benchmark_parser, int_list, result_stem
 from benchmarks.machine import machine_info
 from benchmarks.output import RESULTS, write_result
 from specrouter.cascade.chain import Chain
-from specrouter.engine.request import ChainRouter
+from specrouter.engine.chain_router import ChainRouter
 from specrouter.router.policy.pacing import ChoicePacing
 from specrouter.sim.batched import serve
 from specrouter.sim.host import PricedChoices

@@ -13,7 +13,7 @@ full-vocabulary rows, bookkeeping), the figure the simulator's host costs
 (specrouter/sim/host.py) stand for. Greedy runs also say whether each chain's output equals
 the target alone's (random weights give near-ties, so bf16 batching noise can split them).
 Each mode runs twice: with the models' logits rows copied to the host (the numpy cascade)
-and left on the device (cascade/torch_rows.py), the difference being what the
+and left on the device (ops/rows_torch.py), the difference being what the
 device-resident cascade saves per cycle.
 
 Methods run interleaved, the target alone first and last in every round, fixed seeds.

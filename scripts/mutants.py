@@ -81,8 +81,8 @@ class Mutant:
 
 
 VERIFY, CHAIN = "specrouter/cascade/verify.py", "specrouter/cascade/chain.py"
-TORCH_ROWS = "specrouter/cascade/torch_rows.py"
-DRAFTER = "specrouter/drafters/model.py"
+TORCH_ROWS, NUMPY_ROWS = "specrouter/ops/rows_torch.py", "specrouter/ops/rows_numpy.py"
+DRAFTER = "specrouter/cascade/model_drafter.py"
 UNWARPED = "ops_of(row).warp([row], SamplingParams(temperature=1.0))[0]"
 
 MUTANTS = [
@@ -103,9 +103,9 @@ MUTANTS = [
            (Edit(VERIFY, "sample(verifier_probs[len(proposals)], rng)",
                  "sample(verifier_probs[len(proposals) - 1], rng)"),)),
     Mutant("deterministic-residual-keeps-x", "an n-gram draft's residual keeps the rejected token",
-           (Edit(VERIFY, "r[proposed] = 0.0", "r[proposed] = r[proposed]"),)),
+           (Edit(NUMPY_ROWS, "r[proposed] = 0.0", "r[proposed] = r[proposed]"),)),
     Mutant("padded-residual-truncated", "the residual drops the verifier's mass beyond the draft's vocabulary",
-           (Edit(VERIFY, "n = max(p.shape[0], q.shape[0])\n        r = _pad(p, n) - _pad(q, n)",
+           (Edit(NUMPY_ROWS, "n = max(p.shape[0], q.shape[0])\n        r = _pad(p, n) - _pad(q, n)",
                  "n = min(p.shape[0], q.shape[0])\n        r = _pad(p[:n], n) - _pad(q[:n], n)"),)),
     Mutant("greedy-bonus-wrong-row", "greedy: after a fully accepted draft, the argmax of the row before",
            (Edit(VERIFY, "return len(proposals), int(verifier_argmax[len(proposals)])",
@@ -170,7 +170,7 @@ MUTANTS = [
            (Edit(TORCH_ROWS, "for row, t, ok in zip(rows, tokens, inside)])",
                  "for row, t, ok in zip(rows[1:] + rows[:1], tokens, inside)])"),), slow=True),
     Mutant("top-p-one-short", "top-p keeps one token fewer than the smallest set reaching top_p",
-           (Edit("specrouter/cascade/sampling.py", "cut = int(cumulative.searchsorted(top_p - TOP_P_MARGIN)) + 1",
+           (Edit(NUMPY_ROWS, "cut = int(cumulative.searchsorted(top_p - TOP_P_MARGIN)) + 1",
                  "cut = max(1, int(cumulative.searchsorted(top_p - TOP_P_MARGIN)))"),)),
 ]
 

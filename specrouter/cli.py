@@ -20,7 +20,7 @@ from specrouter.cli_sim import simulate
 from specrouter.cli_torch import convert
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import GenerationResult, generate_stream
-from specrouter.engine.request import check_logprobs, check_max_tokens, check_prompt_nonempty
+from specrouter.engine.checks import check_logprobs, check_max_tokens, check_prompt_nonempty
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError, SpecRouterError
 from specrouter.models import DEFAULT_POOL, check_pulled_integrity, is_pulled, model_path, pull

@@ -23,7 +23,8 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import generate
-from specrouter.engine.request import ChainRouter, check_max_tokens, check_prompt_nonempty
+from specrouter.engine.chain_router import ChainRouter
+from specrouter.engine.checks import check_max_tokens, check_prompt_nonempty
 from specrouter.errors import InvalidParameterError
 from specrouter.models import DEFAULT_POOL, is_pulled
 from specrouter.pool import Pool

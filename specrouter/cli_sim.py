@@ -106,11 +106,33 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
     (docs/simulation.md).
     """
     from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
+    from specrouter.sim.trace import Trace
+
+    batches, host = check_options(prompts_file, profile_file, roofline, overhead_ms, batch_sizes, validate, host_ms,
+                                  max_tokens, branch_tokens, repeats, max_error, bytes_per_param)
+    if router_config_file is not None and prompts_file is not None:
+        raise InvalidParameterError("--router-config goes with a replay (--profile, --roofline or --validate), "
+                                    "not --record")
+    config = RouterConfig.load(router_config_file) if router_config_file is not None else DEFAULT_CONFIG
+    if prompts_file is not None:
+        record_trace(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens, threads, cache_dir)
+        return
+    trace = Trace.load(trace_file)
+    if validate:
+        show_validation(trace, lookup, repeats, max_error, host, json_file, threads, cache_dir, config)
+        return
+    profile, label = replay_profile(trace, profile_file, roofline, overhead_ms, bytes_per_param)
+    if batches is not None:
+        show_batches(trace, profile, label, batches, lookup, json_file, host, config)
+        return
+    show_replay(trace, profile, label, lookup, json_file, host, config)
+
+
+def check_options(prompts_file, profile_file, roofline, overhead_ms, batch_sizes, validate, host_ms, max_tokens,
+                  branch_tokens, repeats, max_error, bytes_per_param) -> tuple[list[int] | None, HostCosts]:
+    """The options checked together (one mode, options that go with it, ranges): the batch
+    sizes (None: not asked for) and the engine's own work to price."""
     from specrouter.sim.host import NO_HOST, HostCosts
-    from specrouter.sim.roofline import device, roofline_profile
-    from specrouter.sim.simulate import predict
-    from specrouter.sim.trace import Trace, record
-    from specrouter.sim.validate import OVERALL, validate as run_validation
 
     modes = sum(x for x in (prompts_file is not None, profile_file is not None or roofline is not None, validate))
     if modes != 1 or (profile_file is not None and roofline is not None):
@@ -123,10 +145,6 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
         raise InvalidParameterError("--host-ms goes with a replay (--profile, --roofline or --validate), not --record")
     if batches is not None and profile_file is None and roofline is None:
         raise InvalidParameterError("--batch goes with --profile or --roofline")
-    if router_config_file is not None and prompts_file is not None:
-        raise InvalidParameterError("--router-config goes with a replay (--profile, --roofline or --validate), "
-                                    "not --record")
-    config = RouterConfig.load(router_config_file) if router_config_file is not None else DEFAULT_CONFIG
     for name, value, least in (("--max-tokens", max_tokens, 1), ("--branch-tokens", branch_tokens, 1),
                                ("--repeats", repeats, 1)):
         if value < least:
@@ -134,66 +152,86 @@ def simulate(trace_file, prompts_file, target, drafts, max_tokens, branch_tokens
     for name, value in (("--max-error", max_error), ("--bytes-per-param", bytes_per_param)):
         if not value > 0:
             raise InvalidParameterError(f"{name} must be > 0, got {value}")
+    return batches, host
 
-    if prompts_file is not None:
-        draft_names = parse_chain(drafts) if drafts.strip() else []
-        if unknown := [d for d in draft_names if d in MODEL_FREE]:
-            raise InvalidParameterError(f"--drafts are models; model-free drafters need no recording: {unknown}")
-        pool = Pool(cache_dir=cache_dir, n_ctx=4096, n_threads=threads, n_seq_max=1)
-        try:
-            model = pool.model(target)
-            prompts = read_prompts(prompts_file, model)
-            trace = record(model, [pool.model(d) for d in draft_names], prompts, max_tokens, branch_tokens,
-                           note=f"recorded by specrouter simulate --record {prompts_file}",
-                           progress=lambda what: click.echo(f"recording {what}", err=True))
-        finally:
-            pool.close()
-        trace.save(trace_file)
-        click.echo(f"{trace_file}: {len(trace.requests)} requests, {sum(len(r.answer) for r in trace.requests)} "
-                   f"tokens, target {trace.target}, drafts {', '.join(trace.drafts) or 'none'}")
-        return
 
-    trace = Trace.load(trace_file)
-    if validate:
-        pool = Pool(cache_dir=cache_dir, n_ctx=4096, n_threads=threads, n_seq_max=1)
-        try:
-            result = run_validation(trace, pool, lookup, repeats, max_error,
-                                    progress=lambda what: click.echo(f"running {what}", err=True), host=host,
-                                    config=config)
-        finally:
-            pool.close()
-        click.echo(f"engine's own work: {host.label()}")
-        click.echo(f"simulated on the machine timed in {result.rounds} rounds between the real runs; "
-                   "'up front': on the profile timed before them")
-        click.echo(f"per group the median per request; 'all' (not checked): {OVERALL}")
-        click.echo(f"{'method':<6} {'group':<16} {'measured':>9} {'simulated':>9} {'error':>7} {'up front':>9} "
-                   f"{'error':>7}  drafting cycles  same text")
-        for method, checks in (("auto", result.groups), ("fixed", result.fixed)):
-            for group, g in checks.items():
-                click.echo(f"{method:<6} {group:<16} {g.measured:>9.3f} {g.simulated:>9.3f} {g.error:>+7.1%} "
-                           f"{g.simulated_upfront:>9.3f} {g.error_upfront:>+7.1%}  "
-                           f"{g.drafted_measured:>6.1%} / {g.drafted_simulated:>6.1%}  {g.same_text}")
-        click.echo("fixed: " + "; ".join(f"{group} {label}" for group, label in result.chains.items()))
-        if json_file:
-            Path(json_file).write_text(json.dumps({**result.as_dict(), "host": host.label()}, indent=1))
-        if not result.ok:
-            click.echo(f"the simulation is off by more than {max_error:.0%}", err=True)
-            sys.exit(1)
-        return
+def record_trace(trace_file: Path, prompts_file: Path, target: str, drafts: str, max_tokens: int,
+                 branch_tokens: int, threads: int | None, cache_dir: Path | None) -> None:
+    """--record: the trace of the prompts, recorded with the real models and saved."""
+    from specrouter.sim.trace import record
 
+    draft_names = parse_chain(drafts) if drafts.strip() else []
+    if unknown := [d for d in draft_names if d in MODEL_FREE]:
+        raise InvalidParameterError(f"--drafts are models; model-free drafters need no recording: {unknown}")
+    pool = Pool(cache_dir=cache_dir, n_ctx=4096, n_threads=threads, n_seq_max=1)
+    try:
+        model = pool.model(target)
+        prompts = read_prompts(prompts_file, model)
+        trace = record(model, [pool.model(d) for d in draft_names], prompts, max_tokens, branch_tokens,
+                       note=f"recorded by specrouter simulate --record {prompts_file}",
+                       progress=lambda what: click.echo(f"recording {what}", err=True))
+    finally:
+        pool.close()
+    trace.save(trace_file)
+    click.echo(f"{trace_file}: {len(trace.requests)} requests, {sum(len(r.answer) for r in trace.requests)} "
+               f"tokens, target {trace.target}, drafts {', '.join(trace.drafts) or 'none'}")
+
+
+def show_validation(trace, lookup: str, repeats: int, max_error: float, host: HostCosts, json_file: Path | None,
+                    threads: int | None, cache_dir: Path | None, config: RouterConfig) -> None:
+    """--validate: the trace's requests run here and compared with the replay; exit 1 when
+    the simulation is off by more than max_error."""
+    from specrouter.sim.validate import OVERALL, validate as run_validation
+
+    pool = Pool(cache_dir=cache_dir, n_ctx=4096, n_threads=threads, n_seq_max=1)
+    try:
+        result = run_validation(trace, pool, lookup, repeats, max_error,
+                                progress=lambda what: click.echo(f"running {what}", err=True), host=host,
+                                config=config)
+    finally:
+        pool.close()
+    click.echo(f"engine's own work: {host.label()}")
+    click.echo(f"simulated on the machine timed in {result.rounds} rounds between the real runs; "
+               "'up front': on the profile timed before them")
+    click.echo(f"per group the median per request; 'all' (not checked): {OVERALL}")
+    click.echo(f"{'method':<6} {'group':<16} {'measured':>9} {'simulated':>9} {'error':>7} {'up front':>9} "
+               f"{'error':>7}  drafting cycles  same text")
+    for method, checks in (("auto", result.groups), ("fixed", result.fixed)):
+        for group, g in checks.items():
+            click.echo(f"{method:<6} {group:<16} {g.measured:>9.3f} {g.simulated:>9.3f} {g.error:>+7.1%} "
+                       f"{g.simulated_upfront:>9.3f} {g.error_upfront:>+7.1%}  "
+                       f"{g.drafted_measured:>6.1%} / {g.drafted_simulated:>6.1%}  {g.same_text}")
+    click.echo("fixed: " + "; ".join(f"{group} {label}" for group, label in result.chains.items()))
+    if json_file:
+        Path(json_file).write_text(json.dumps({**result.as_dict(), "host": host.label()}, indent=1))
+    if not result.ok:
+        click.echo(f"the simulation is off by more than {max_error:.0%}", err=True)
+        sys.exit(1)
+
+
+def replay_profile(trace, profile_file: Path | None, roofline: str | None, overhead_ms: float | None,
+                   bytes_per_param: float) -> tuple:
+    """The cost profile a replay runs on, and its label."""
     if roofline is not None:
+        from specrouter.sim.roofline import device, roofline_profile
+
         dev = device(roofline, overhead_ms)
         profile = roofline_profile(dev, trace.params_b, bytes_per_param)
         label = f"{dev.name}, {dev.overhead_ms} ms per forward, {bytes_per_param} bytes per parameter: SIMULATION"
-    else:
-        from specrouter.router.estimates.profile_cache import read_profile
+        return profile, label
+    from specrouter.router.estimates.profile_cache import read_profile
 
-        # Fitted non-decreasing in n (CostProfile.nondecreasing): a GPU's launch-bound medians
-        # jitter, and a dip below n = 1 would discount every chain.
-        profile, label = read_profile(profile_file).nondecreasing(), f"profile {profile_file} (fitted non-decreasing)"
-    if batches is not None:
-        show_batches(trace, profile, label, batches, lookup, json_file, host, config)
-        return
+    # Fitted non-decreasing in n (CostProfile.nondecreasing): a GPU's launch-bound medians
+    # jitter, and a dip below n = 1 would discount every chain.
+    return read_profile(profile_file).nondecreasing(), f"profile {profile_file} (fitted non-decreasing)"
+
+
+def show_replay(trace, profile, label: str, lookup: str, json_file: Path | None, host: HostCosts,
+                config: RouterConfig) -> None:
+    """The replay of one request at a time: per group, each method's speed-up over the target alone."""
+    from specrouter.sim.simulate import predict
+    from specrouter.sim.validate import OVERALL
+
     out = predict(trace, profile, lookup, progress=lambda what: click.echo(f"replaying {what}", err=True), host=host,
                   config=config)
     groups = [*trace.groups, "all"]

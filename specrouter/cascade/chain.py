@@ -28,12 +28,13 @@ import numpy as np
 from specrouter.backends.base import Backend
 from specrouter.cascade.grammar import Constraint
 from specrouter.cascade.logprobs import TokenLogprob, emitted_logprobs
+from specrouter.cascade.model_drafter import ModelDrafter
 from specrouter.cascade.penalties import History, penalize, penalized
 from specrouter.cascade.proposer import Draft, LengthPolicy, Proposer, confidence, cut_after_eos
-from specrouter.cascade.rows import ops_of
 from specrouter.cascade.sampling import SamplingParams, sample
 from specrouter.cascade.verify import residual, verify_greedy, verify_sampled
 from specrouter.errors import InvalidChainError, InvalidParameterError
+from specrouter.ops.rows import ops_of
 from specrouter.state import SequenceState
 
 #: A level: a model, or (level 0 only) a model-free Proposer.
@@ -200,8 +201,6 @@ class Chain:
     proposer: Proposer = field(init=False)
 
     def __post_init__(self) -> None:
-        from specrouter.drafters.model import ModelDrafter
-
         check_chain([level.name for level in self.levels], self.draft_lengths)
         if not isinstance(self.levels[-1], Backend):
             raise InvalidParameterError(

@@ -12,9 +12,9 @@ A model drafter's proposals must keep the cascade exact (chain.py's docstring): 
 draft-length policy may end a draft only on what was drawn *before* the next token
 (`LengthPolicy.more` sees the confidences so far), never drop a token after seeing it.
 
-The proposers live in specrouter.drafters: `ModelDrafter` (a Backend drafting
-autoregressively, its length decided by a LengthPolicy, none by default) and the
-model-free lookup drafters, whose draft yields no forward.
+A model at level 0 drafts through model_drafter.py's `ModelDrafter` (autoregressively, its
+length decided by a LengthPolicy, none by default); the model-free lookup drafters, whose
+draft yields no forward, live in specrouter.drafters.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from specrouter.cascade.rows import ops_of
+from specrouter.ops.rows import ops_of
 
 
 @dataclass(frozen=True)

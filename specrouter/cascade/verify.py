@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specrouter.cascade.rows import ops_of
 from specrouter.cascade.sampling import sample
+from specrouter.ops.rows import ops_of
 
 
 def verify_greedy(proposals: Sequence[int], verifier_argmax: Sequence[int]) -> tuple[int, int]:
@@ -31,28 +31,10 @@ def verify_greedy(proposals: Sequence[int], verifier_argmax: Sequence[int]) -> t
 
 
 def residual(p: np.ndarray, q: np.ndarray | None, proposed: int) -> np.ndarray:
-    """norm(max(p - q, 0)), with q = one-hot(proposed) when q is None.
-
-    p and q may have different lengths (padded vocabularies): the missing tail is
-    probability zero. Rows kept on a device are handled there (rows.py).
-    """
-    if not isinstance(p, np.ndarray):
-        return ops_of(p).residual(p, q, proposed)
-    if q is not None and not isinstance(q, np.ndarray):
-        q = ops_of(q).host(q)  # a device-kept q under a host p (a torch draft, a llama.cpp target)
-    if q is None:
-        r = p.copy()
-        if proposed < r.shape[0]:
-            r[proposed] = 0.0
-    else:
-        n = max(p.shape[0], q.shape[0])
-        r = _pad(p, n) - _pad(q, n)
-        np.maximum(r, 0.0, out=r)
-    total = r.sum()
-    if total <= 0:
-        # Only reachable through rounding when p == q, where rejection has probability 0.
-        return p
-    return r / total
+    """norm(max(p - q, 0)), with q = one-hot(proposed) when q is None: the residual of the
+    rows' kind (ops/rows_numpy.py is the reference). p and q may have different lengths
+    (padded vocabularies): the missing tail is probability zero."""
+    return ops_of(p).residual(p, q, proposed)
 
 
 def verify_sampled(
@@ -83,10 +65,3 @@ def verify_sampled(
         return i, sample(residual_fn(p, q_row, token), rng)
     return len(proposals), sample(verifier_probs[len(proposals)], rng)
 
-
-def _pad(v: np.ndarray, n: int) -> np.ndarray:
-    if v.shape[0] == n:
-        return v.astype(np.float64, copy=True)
-    out = np.zeros(n, dtype=np.float64)
-    out[: v.shape[0]] = v
-    return out

@@ -7,7 +7,6 @@ built fresh per chain (they keep no state between requests).
 from __future__ import annotations
 
 from specrouter.drafters.lookup import LookupDrafter
-from specrouter.drafters.model import ModelDrafter
 from specrouter.drafters.ngram import NGRAM_NAME, NgramDrafter
 from specrouter.drafters.suffix import SuffixDrafter
 
@@ -17,4 +16,4 @@ MODEL_FREE: dict[str, type[LookupDrafter]] = {NGRAM_NAME: NgramDrafter, SuffixDr
 #: ran 1.67x, and it reads the cross-request memory.
 DEFAULT_LOOKUP = SuffixDrafter.name
 
-__all__ = ["DEFAULT_LOOKUP", "MODEL_FREE", "LookupDrafter", "ModelDrafter", "NgramDrafter", "SuffixDrafter"]
+__all__ = ["DEFAULT_LOOKUP", "MODEL_FREE", "LookupDrafter", "NgramDrafter", "SuffixDrafter"]

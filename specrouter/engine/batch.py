@@ -36,75 +36,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from specrouter.cascade.chain import Chain, EvalRequest, LevelStats, execute
-from specrouter.cascade.logprobs import TokenLogprob
-from specrouter.cascade.sampling import SamplingParams
-from specrouter.drafters.memory import MemoryScope
+from specrouter.cascade.chain import EvalRequest, LevelStats, execute
 from specrouter.engine.phase import InPhase, StepModels
 from specrouter.engine.prefill import PREFILL_SHARE, ChunkedPrefill, Forward
 from specrouter.engine.prefix_cache import PrefixCache
-from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
-from specrouter.engine.speculation import Speculation, check_chain
+from specrouter.engine.requests import Delta, Event, Failed, Finished, Planner, SeqRequest
+from specrouter.engine.request import SequenceRun
+from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError
-from specrouter.router.frozen import FrozenRoutes
 
-
-@dataclass
-class SeqRequest:
-    prompt_tokens: list[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int = 16
-    stop: list[str] = field(default_factory=list)
-    #: Alternatives reported per emitted token with its log-probability (None: no logprobs).
-    logprobs: int | None = None
-    speculation: Speculation | None = None  # None: the scheduler's default
-    #: The request's part of the cross-request suffix memory (OPTED_OUT: none).
-    memory: MemoryScope = field(default_factory=MemoryScope)
-    #: The prefix cache's partition it resumes from and keeps its caches in (prefix_cache.py).
-    cache_partition: str = ""
-    #: Fed and routed the same way each time it is sent (a request with a seed): its prompt is
-    #: prefilled afresh, never resumed from the prefix cache (whose reuse rounds differently),
-    #: and `auto` routes it from state frozen when the planner was made (router/frozen.py).
-    reproducible: bool = False
-    #: Which of its request's choices this sequence is (n > 1): its own random stream.
-    choice: int = 0
-    #: The id of a sequence with the same prompt (its request's choice 0) whose KV this one
-    #: takes instead of prefilling the prompt again: it starts once that one has run a cycle.
-    shares_prompt_with: str | None = None
-
-    def rng(self) -> np.random.Generator:
-        """The sequence's random stream: the seed's own for choice 0 (what the request alone
-        gets), a stream of (seed, choice) for the others; fresh entropy without a seed."""
-        seed = self.params.seed
-        if seed is None:
-            return np.random.default_rng()
-        return np.random.default_rng(seed if self.choice == 0 else [seed, self.choice])
-
-
-@dataclass
-class Delta:
-    request_id: str
-    text: str
-    tokens: int = 0  # tokens committed since the request's previous Delta
-    #: The log-probabilities of the tokens this text shows (when the request asked for them).
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-
-
-@dataclass
-class Finished:
-    request_id: str
-    result: GenerationResult
-
-
-@dataclass
-class Failed:
-    request_id: str
-    error: Exception
-
-
-Event = Delta | Finished | Failed
-#: Turns a request's speculation choice into what generates it (a fixed chain or a router session).
-Planner = Callable[[SeqRequest], Chain | ChainRouter]
+#: The scheduler and the types it takes and gives (requests.py); Speculation for its callers.
+__all__ = ["BatchScheduler", "Delta", "Event", "Failed", "Finished", "KvUse", "Planner", "SeqRequest", "Speculation"]
 
 
 @dataclass
@@ -438,26 +380,3 @@ def _by_backend(calls: list[_Call]) -> list[list[_Call]]:
     for call in sorted(calls, key=lambda c: c.chunk > 0):
         groups.setdefault(id(call.request.backend), []).append(call)
     return list(groups.values())
-
-
-def pool_planner(pool, target: str, router=None, default: Speculation = Speculation()) -> Planner:
-    """The planner a server uses: requests name `auto` (a session of `router`), `off`
-    (the target alone) or a chain of pool models that must end at the served target
-    (check_chain; the HTTP API has checked it against the served levels already)."""
-
-    frozen = FrozenRoutes(router) if router is not None else None
-
-    def plan(request: SeqRequest) -> Chain | ChainRouter:
-        spec = request.speculation or default
-        if spec.mode == "off":
-            return pool.chain([target], [])
-        if spec.mode == "chain":
-            check_chain(spec.chain, spec.draft_lengths or None, target=target)
-            return pool.chain(list(spec.chain), list(spec.draft_lengths) or None)
-        if router is None:
-            return pool.chain([target], [])  # no router configured: auto means the target alone
-        if request.reproducible:
-            return frozen.session()
-        return router.session(request.memory)
-
-    return plan

@@ -15,7 +15,8 @@ import numpy as np
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.cascade.verify import residual
-from specrouter.engine.request import ChainRouter, GenerationResult, SequenceRun
+from specrouter.engine.chain_router import ChainRouter
+from specrouter.engine.request import GenerationResult, SequenceRun
 
 
 def generate_stream(

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from specrouter.errors import InvalidParameterError
-from specrouter.router.estimates.costs import ema
+from specrouter.smoothing import ema
 
 #: Share of a decoding call's time a chunk riding in it may add (so of a step's, and of a
 #: stream's cycle's). A forward's cost climbs in steps on a CPU (llama.cpp's GEMM takes rows

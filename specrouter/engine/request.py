@@ -1,46 +1,35 @@
 """One request's generation between cycles: its state machine (committed tokens, stop rules,
-statistics, the chain of every cycle), its text, and its result.
+statistics, the chain of every cycle) and its result.
 
 Whoever drives a request runs each cycle, alone (generate.py: CycleRunner.cycle) or batched
 with other sequences (batch.py: CycleRunner.steps). The chain of every cycle comes from a
-router (ChainRouter); a fixed chain is the router that always returns it (FixedChain, the null
-object of routing), so a request has one code path. Switching chains between cycles needs no
-bookkeeping, because the state manager lets a model that sat out catch up lazily, and it keeps
-the output exact, because every cycle emits tokens distributed as the target's whatever chain
-produced them.
+router (chain_router.py: a fixed chain is the router that always returns it). The request's
+input is checked once, when it is made (checks.py).
 
 Stop rules: EOS ends generation and is not emitted; so does a grammar whose sentence is
 complete and allows no more text (the token that completed it is emitted); a stop string
 cuts the text before it and token_ids keep only the tokens that make up the kept text (a
-token that straddles the cut stays); max_tokens caps the emitted tokens. Text is streamed with a hold-back: a tail that
-could still become a stop string (or is an incomplete UTF-8 character) is not shown until it
-is resolved.
-
-Validation of a request's own input happens here, once: check_max_tokens, check_stop and
-check_prompt (the CLI calls check_max_tokens and check_prompt_nonempty before it loads any
-model). A chain spec is checked by check_chain (cascade/chain.py).
+token that straddles the cut stays; text.py); max_tokens caps the emitted tokens.
 """
 
 from __future__ import annotations
 
-import bisect
-import codecs
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from specrouter.backends.base import Backend
-from specrouter.cascade.chain import Chain, CycleObserver, CycleRunner, LevelStats
+from specrouter.cascade.chain import Chain, CycleRunner, LevelStats
 from specrouter.cascade.grammar import Constraint
-from specrouter.cascade.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
+from specrouter.cascade.logprobs import TokenLogprob
 from specrouter.cascade.penalties import History, penalized
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.cascade.verify import residual
-from specrouter.errors import (EmptyPromptError, InvalidLogitBiasError, InvalidParameterError, InvalidTokenIdError,
-                               PromptTooLongError)
+from specrouter.engine.chain_router import ChainRouter, as_router
+from specrouter.engine.checks import check_logit_bias, check_logprobs, check_max_tokens, check_prompt, check_stop
+from specrouter.engine.text import TextTracker
 from specrouter.state import SequenceState
 
 
@@ -91,148 +80,6 @@ class GenerationResult:
             **({"router_decisions": self.decisions} if self.decisions else {}),
             **({"logprobs": [e.as_dict() for e in self.logprobs]} if self.logprobs is not None else {}),
         }
-
-
-class ChainRouter(CycleObserver, Protocol):
-    """Chooses the chain of every cycle and learns from the cycle's observations."""
-
-    target: Backend
-    models: Sequence[Backend]  # every model it may put in a chain
-
-    def start(self, params: SamplingParams, prompt_tokens: int, max_tokens: int) -> None: ...
-
-    def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int],
-               forced: Sequence[int] = ()) -> Chain:
-        """position: committed tokens so far; room: most tokens this cycle may emit;
-        cached: per model name, committed tokens its cache already holds; context: the
-        committed tokens (read-only, for a drafter's shadow lookup); forced: the tokens the
-        request's grammar forces next (what a model-free drafter would propose)."""
-
-    def on_choice(self, seconds: float) -> None:
-        """seconds: the time the last choose() took, on the request's clock."""
-
-    def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
-        """new_tokens: what the target emitted this cycle; seconds: the cycle's time."""
-
-    def finish(self) -> None: ...
-
-    def exclude(self, name: str) -> None:
-        """Route without this (non-target) model from the next cycle on (it failed)."""
-
-    #: Sequences that advance together with this one (set before choose by the batch driver).
-    batch_size: int
-    decisions: list
-    #: Whether the last choose() deliberated (False: it reused a decision, or chooses nothing).
-    deliberated: bool
-
-
-class FixedChain:
-    """A fixed chain as a router: the same chain every cycle, nothing learnt. The null object
-    of routing (a request with a fixed chain runs the same code as a routed one)."""
-
-    decisions: list = []
-    batch_size = 1
-    deliberated = False
-
-    def __init__(self, chain: Chain) -> None:
-        if chain.eos_ids != chain.target.eos_ids:
-            raise InvalidParameterError("a request stops at its target's EOS tokens: the chain must use them")
-        self.chain = chain
-
-    @property
-    def target(self) -> Backend:
-        return self.chain.target
-
-    @property
-    def models(self) -> list[Backend]:
-        return self.chain.models
-
-    def start(self, params: SamplingParams, prompt_tokens: int, max_tokens: int) -> None:
-        pass
-
-    def choose(self, position: int, room: int, cached: Mapping[str, int], context: Sequence[int],
-               forced: Sequence[int] = ()) -> Chain:
-        return self.chain
-
-    def on_forward(self, level: str, n_tokens: int, seconds: float, shared: bool = False, batch: int = 1) -> None:
-        pass
-
-    def on_rows(self, level: str, rows: int, seconds: float) -> None:
-        pass
-
-    def on_verify(self, proposer, verifier, proposals, q, p, n_accepted, requested, match_class=None) -> None:
-        pass
-
-    def on_choice(self, seconds: float) -> None:
-        pass
-
-    def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-    def exclude(self, name: str) -> None:
-        """The chain without that level; the others keep their draft lengths (a level's draft
-        length is what it proposes upward)."""
-        chain = self.chain
-        keep = [i for i, level in enumerate(chain.levels) if level.name != name]
-        self.chain = Chain([chain.levels[i] for i in keep], [chain.draft_lengths[i] for i in keep[:-1]], chain.eos_ids)
-
-
-def as_router(chain: Chain | ChainRouter) -> ChainRouter:
-    """What generates a request: a router as it is, a fixed chain as FixedChain."""
-    return FixedChain(chain) if isinstance(chain, Chain) else chain
-
-
-def check_max_tokens(max_tokens: int) -> None:
-    """The one check of max_tokens: an int >= 1 (a bool is not a count)."""
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InvalidParameterError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-
-
-def check_logprobs(logprobs: int | None) -> None:
-    """None (none reported), or how many alternatives to report per token: 0..MAX_TOP_LOGPROBS."""
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-        raise InvalidParameterError(f"logprobs must be an integer in 0..{MAX_TOP_LOGPROBS} (alternatives per token), "
-                                    f"got {logprobs!r}")
-
-
-def check_stop(stop: Sequence[str]) -> None:
-    if any(not s for s in stop):
-        raise InvalidParameterError("stop strings must be non-empty")
-
-
-def check_prompt_nonempty(prompt: str | Sequence[int]) -> None:
-    """The one check that a prompt (text or token ids) is not empty."""
-    if not prompt:
-        raise EmptyPromptError("the prompt is empty: give at least one token of text")
-
-
-def check_prompt(router: ChainRouter, prompt_tokens: Sequence[int]) -> None:
-    """The one check of a request's prompt tokens, in this order: not empty, every id in the
-    target's vocabulary (InvalidTokenIdError), and shorter than the smallest context of the
-    router's models (PromptTooLongError)."""
-    check_prompt_nonempty(prompt_tokens)
-    n_tokens = router.target.n_tokens
-    bad = next((t for t in prompt_tokens if not 0 <= t < n_tokens), None)
-    if bad is not None:
-        raise InvalidTokenIdError(f"prompt token id {bad} is outside the vocabulary (0..{n_tokens - 1})")
-    n_ctx = min(m.n_ctx for m in router.models)
-    if len(prompt_tokens) >= n_ctx:
-        raise PromptTooLongError(
-            f"the prompt has {len(prompt_tokens)} tokens but the context holds {n_ctx} "
-            f"(at least one position must stay free for generation); shorten the prompt or raise --n-ctx"
-        )
-
-
-def check_logit_bias(router: ChainRouter, params: SamplingParams) -> None:
-    """Every token id of logit_bias is in the target's vocabulary (InvalidLogitBiasError)."""
-    n_tokens = router.target.n_tokens
-    bad = next((t for t, _ in params.logit_bias if t >= n_tokens), None)
-    if bad is not None:
-        raise InvalidLogitBiasError(f"logit_bias token id {bad} is outside the vocabulary (0..{n_tokens - 1})")
 
 
 class SequenceRun:
@@ -412,59 +259,3 @@ def _level_order(router: ChainRouter, name: str) -> tuple:
         return (2, 0.0)
     model = next((m for m in router.models if m.name == name), None)
     return (1, model.params_b) if model is not None else (0, 0.0)
-
-
-class TextTracker:
-    """Decodes tokens to text incrementally and finds stop strings."""
-
-    def __init__(self, token_bytes: Callable[[int], bytes], stop: Sequence[str]) -> None:
-        self._bytes = token_bytes
-        self._stop = list(stop)
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""
-        self.n_tokens = 0  # tokens that contribute to the emitted text
-        self._ends: list[int] = []  # text length after each token
-        self._shown = 0
-        self._stopped = False
-
-    def add(self, token: int) -> bool:
-        """Append one token; True when a stop string completed (text is then cut before it)."""
-        before = len(self.text)
-        self.text += self._decoder.decode(self._bytes(token))
-        self.n_tokens += 1
-        self._ends.append(len(self.text))
-        if not self._stop:
-            return False
-        # Only a stop string that ends in the new text can be new; search from just before it.
-        window_start = max(0, before - max(len(s) for s in self._stop) + 1)
-        hits = [i for i in (self.text.find(s, window_start) for s in self._stop) if i >= 0]
-        if hits:
-            cut = min(hits)
-            self.text = self.text[:cut]
-            # Keep the fewest tokens whose text covers the kept text (a straddling token stays).
-            self.n_tokens = next((j + 1 for j, end in enumerate(self._ends) if end >= cut), 0) if cut else 0
-            self._stopped = True
-            return True
-        return False
-
-    def flush(self, final: bool) -> str:
-        """The text not shown yet, minus a tail that may still turn into a stop string."""
-        if final and not self._stopped:
-            self.text += self._decoder.decode(b"", final=True)
-        end = len(self.text) if final else len(self.text) - self._holdback()
-        delta = self.text[self._shown : end]
-        self._shown = max(self._shown, end)
-        return delta
-
-    def shown_tokens(self) -> int:
-        """Tokens of the kept text whose text has been shown in full."""
-        return bisect.bisect_right(self._ends, self._shown, hi=self.n_tokens)  # ends never decrease
-
-    def _holdback(self) -> int:
-        longest = 0
-        for s in self._stop:
-            for n in range(min(len(s) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(s[:n]):
-                    longest = max(longest, n)
-                    break
-        return longest

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.drafters.memory import DEFAULT_BUDGET, SuffixMemory
+from specrouter.engine.checks import check_max_tokens
 from specrouter.engine.prefill import PREFILL_SHARE
-from specrouter.engine.request import check_max_tokens
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError
 from specrouter.offload import GpuLayers

@@ -10,7 +10,8 @@ import click
 import uvicorn
 
 from specrouter.backends.base import Backend
-from specrouter.engine.batch import BatchScheduler, pool_planner
+from specrouter.engine.batch import BatchScheduler
+from specrouter.engine.planning import pool_planner
 from specrouter.engine.prefix_cache import PrefixCache
 from specrouter.pool import Pool
 from specrouter.router import Router, auto_router

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from specrouter.cascade.chain import Chain
 from specrouter.drafters import DEFAULT_LOOKUP
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
+from specrouter.engine.chain_router import ChainRouter
 from specrouter.engine.phase import StepModels
-from specrouter.engine.request import ChainRouter
 from specrouter.errors import InvalidParameterError
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.estimates.costs import CostProfile

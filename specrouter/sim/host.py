@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from specrouter.backends.base import Backend
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
-from specrouter.engine.request import ChainRouter
+from specrouter.engine.chain_router import ChainRouter
 from specrouter.errors import InvalidParameterError
 
 

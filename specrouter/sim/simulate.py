@@ -44,7 +44,8 @@ from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import generate_stream
-from specrouter.engine.request import ChainRouter, GenerationResult
+from specrouter.engine.chain_router import ChainRouter
+from specrouter.engine.request import GenerationResult
 from specrouter.errors import SpecRouterError
 from specrouter.router.build import build_router
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig

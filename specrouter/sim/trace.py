@@ -28,10 +28,10 @@ from specrouter.backends.base import Backend
 from specrouter.backends.replay import Script, Track
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.proposer import confidence
-from specrouter.cascade.rows import ops_of
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine import generate
 from specrouter.errors import InvalidParameterError
+from specrouter.ops.rows import ops_of
 
 FORMAT = 1
 

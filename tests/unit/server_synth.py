@@ -22,7 +22,8 @@ from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.engine import generate
-from specrouter.engine.batch import BatchScheduler, Speculation, pool_planner
+from specrouter.engine.batch import BatchScheduler, Speculation
+from specrouter.engine.planning import pool_planner
 from specrouter.engine.prefill import PREFILL_SHARE
 from specrouter.engine.prefix_cache import PrefixCache
 from specrouter.errors import UnknownModelError

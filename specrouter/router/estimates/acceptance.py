@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from specrouter.cascade.rows import ops_of
+from specrouter.ops.rows import ops_of
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.estimates.learned import PairEstimate, read_estimates, save_estimates
 

@@ -38,11 +38,6 @@ def default_lookup_seconds() -> dict[str, float]:
     return {name: drafter.LOOKUP_SECONDS for name, drafter in MODEL_FREE.items()}
 
 
-def ema(old: float | None, x: float, alpha: float) -> float:
-    """An exponential average of timings: x itself first, then alpha of each new one."""
-    return x if old is None else old + alpha * (x - old)
-
-
 def interpolate(table: dict[int, float], n: float) -> float:
     """Linear in n between measured sizes; linear extrapolation beyond them."""
     ns = sorted(table)

@@ -44,7 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.estimates.costs import ema
+from specrouter.smoothing import ema
 from specrouter.router.policy.plan import Scored
 
 

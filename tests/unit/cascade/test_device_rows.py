@@ -1,4 +1,4 @@
-"""The cascade on rows left on the device (cascade/rows.py, torch_rows.py), on CPU tensors.
+"""The cascade on rows left on the device (ops/rows.py, rows_torch.py), on CPU tensors.
 
 - Sampled output of chains whose levels hand over torch tensors, alone or mixed with
   numpy levels, follows the target's distribution (the chi-square test of

@@ -1,4 +1,4 @@
-"""The row operations on torch tensors (cascade/torch_rows.py) keep rows.py's contracts,
+"""The row operations on torch tensors (ops/rows_torch.py) keep ops/contract.py's contracts,
 checked against the numpy reference on the same inputs: warps equal to float rounding
 with the same zeros, the same argmax on ties, the same token for the same uniform, the
 same residuals, gathers, overlaps and confidences, and operands of the two kinds mixed.
@@ -14,10 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from specrouter.cascade import torch_rows  # noqa: E402
-from specrouter.cascade.rows import NUMPY, ops_of  # noqa: E402
 from specrouter.cascade.sampling import SamplingParams, sample, warp  # noqa: E402
 from specrouter.cascade.verify import residual  # noqa: E402
+from specrouter.ops import rows_torch as torch_rows  # noqa: E402
+from specrouter.ops.rows import NUMPY, ops_of  # noqa: E402
 
 TORCH = torch_rows.TorchOps()
 torch_rows.register_tensors()

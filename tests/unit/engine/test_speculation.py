@@ -1,5 +1,5 @@
 """The single validation sites: check_chain and Speculation (engine/speculation.py),
-check_max_tokens and check_prompt (engine/request.py), with their exact messages, and the
+check_max_tokens and check_prompt (engine/checks.py), with their exact messages, and the
 HTTP API, the server config and the CLI reaching the same functions (the same messages)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
 from specrouter.cli import main
-from specrouter.engine.request import FixedChain, check_max_tokens, check_prompt, check_prompt_nonempty
+from specrouter.engine.chain_router import FixedChain
+from specrouter.engine.checks import check_max_tokens, check_prompt, check_prompt_nonempty
 from specrouter.engine.speculation import Speculation, check_chain
 from specrouter.errors import (EmptyPromptError, InvalidChainError, InvalidParameterError, InvalidTokenIdError,
                                PromptTooLongError)

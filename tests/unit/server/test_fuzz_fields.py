@@ -31,7 +31,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specrouter.engine.batch import BatchScheduler, Speculation, pool_planner
+from specrouter.engine.batch import BatchScheduler, Speculation
+from specrouter.engine.planning import pool_planner
 from specrouter.server.service import Service
 
 from ..server_synth import MODEL, SynthPool, build_service, leaked_kv, running_server, wait_until

@@ -26,7 +26,8 @@ from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.engine import generate
-from specrouter.engine.batch import BatchScheduler, Speculation, pool_planner
+from specrouter.engine.batch import BatchScheduler, Speculation
+from specrouter.engine.planning import pool_planner
 from specrouter.server.service import Service
 
 from ..router_synth import linear, make_router

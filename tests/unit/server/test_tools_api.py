@@ -17,7 +17,8 @@ import openai
 import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
-from specrouter.engine.batch import BatchScheduler, Speculation, pool_planner
+from specrouter.engine.batch import BatchScheduler, Speculation
+from specrouter.engine.planning import pool_planner
 from specrouter.server.service import Service
 
 from ..server_synth import SynthPool, running_server

@@ -1,4 +1,10 @@
-"""A model as level 0: drafts autoregressively, one forward per token (a Proposer)."""
+"""A model as level 0: drafts autoregressively, one forward per token (a Proposer).
+
+The chain wraps a model it is given at level 0 in one (chain.py: Chain, with the chain's
+draft_stop as the LengthPolicy). It is part of the cascade, not of the drafters: whether a
+draft may end early is the cascade's exactness law (chain.py's docstring), and this is where
+that law meets a model: the policy is asked before the next token is drawn, never after.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""The cascade's row operations (rows.py) on torch tensors, on the rows' own device.
+"""The row operations (contract.py) on torch tensors, on the rows' own device.
 
-Every contract is rows.py's, with the numpy implementation as the reference: warping
-follows sampling.warp step by step (the max shift, temperature, min-p, top-k, the
+Every contract is contract.py's, with the numpy implementation as the reference: warping
+follows rows_numpy.warp step by step (the max shift, temperature, min-p, top-k, the
 exponentials in float32 for float32 logits, normalisation in float64, top-p with HF's
 rule and a stable sort), sampling is inverse-CDF with the host's uniform, and the
 residual is norm(max(p - q, 0)) with the same padded-vocabulary rule. What differs is
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from specrouter.cascade import rows as _rows
-from specrouter.cascade.sampling import _FLOAT32_MAX_INVERSE_TEMPERATURE, TOP_P_MARGIN, SamplingParams
+from specrouter.ops import rows as _rows
+from specrouter.ops.contract import FLOAT32_MAX_INVERSE_TEMPERATURE, TOP_P_MARGIN, WarpParams
 
 
 def _block(rows: Any) -> torch.Tensor:
@@ -52,7 +52,7 @@ class TorchOps:
         return _block(rows).argmax(dim=-1).tolist()
 
     @torch.inference_mode()
-    def warp(self, rows: Any, params: SamplingParams) -> list:
+    def warp(self, rows: Any, params: WarpParams) -> list:
         x = _block(rows)
         if x.dtype in (torch.float16, torch.bfloat16):
             x = x.float()  # what the host path reads (the backend widens them exactly)
@@ -61,7 +61,7 @@ class TorchOps:
             probs.scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
             return list(probs)
         inverse = 1.0 / params.temperature
-        dtype = torch.float32 if x.dtype == torch.float32 and inverse < _FLOAT32_MAX_INVERSE_TEMPERATURE else torch.float64
+        dtype = torch.float32 if x.dtype == torch.float32 and inverse < FLOAT32_MAX_INVERSE_TEMPERATURE else torch.float64
         scaled = x.to(dtype, copy=True)  # the caller's logits stay as they are
         scaled -= scaled.max(dim=-1, keepdim=True).values
         if inverse != 1.0:
@@ -134,7 +134,7 @@ class TorchOps:
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Per row, keep the smallest set of most likely tokens whose mass reaches top_p (ties in
-    index order, as sampling._top_p_filter's stable sort)."""
+    index order, as rows_numpy._top_p_filter's stable sort)."""
     ranked, order = probs.sort(dim=-1, descending=True, stable=True)
     cumulative = ranked.cumsum(dim=-1)
     cut = (cumulative < top_p - TOP_P_MARGIN).sum(dim=-1, keepdim=True) + 1
