@@ -1,13 +1,18 @@
 """Mutation check of the exactness tests: deliberate cascade bugs, one at a time, each caught.
 
-Each mutant is a small edit of the package (the bugs public cascades have shipped, and the
-subtle ones an audit of this suite found). For each, the package is copied to a temporary
-folder, the edit applied (it must match exactly once: a mutant that no longer applies is an
-error, not a pass), and the exactness suite run against the copy:
+Each mutant is a small edit of the package (the bugs public cascades have shipped, the subtle
+ones an audit of this suite found, and bugs in request features: logprobs, stop strings,
+choices, the memory's scope, penalties, grammars, exact mode). For each, the package is
+copied to a temporary folder, the edit applied (it must match exactly once: a mutant that no
+longer applies is an error, not a pass), and the exactness suite run against the copy:
 
-- the fast tier (`pytest -m "not real and not slow"` over EXACTNESS_TESTS) for every mutant;
+- the fast tier (`pytest -m "not real and not slow"` over EXACTNESS_TESTS) for every mutant
+  but the `real` ones;
 - also the slow tier (`-m slow` over SLOW_TESTS) for the mutants marked `slow`: a bug too rare
-  for the fast tier (the 5% mixture of full-p resampling is the slow tier's power calibration).
+  for the fast tier (the 5% mixture of full-p resampling is the slow tier's power calibration);
+- only the real tier (`-m real` over REAL_TESTS, the pulled models) for the mutants marked
+  `real`: a bug in how llama.cpp's kernels are driven, which synthetic models cannot show
+  (without the pulled models its test skips, which counts as a failure: `--tiers fast slow`).
 
 A control mutant (`lossless`) changes the cascade in a way that keeps it exact (a draft may
 propose from any q, as long as the q it hands up is the one it sampled from): the suite must
@@ -15,10 +20,10 @@ pass it, or the tests reject correct cascades.
 
 The script prints a markdown table (mutant, the test that caught it in each tier, seconds) and
 exits 0 only when every mutant is caught by every tier it must be caught by, the controls pass,
-and the unmutated package passes both tiers. It takes about 15 minutes on 2 idle cores (a third of it the unmutated slow tier); CI does not
-run it.
+and the unmutated package passes every tier it ran. It takes about 25 minutes on 2 idle cores
+(a third of it the unmutated slow tier); CI does not run it.
 
-    python scripts/mutants.py [--only NAME ...] [--out docs/mutants.md]
+    python scripts/mutants.py [--only NAME ...] [--tiers fast slow real] [--out docs/mutants.md]
 """
 
 from __future__ import annotations
@@ -46,12 +51,15 @@ EXACTNESS_TESTS = [
     "tests/unit/cascade/test_verify.py",
     "tests/unit/test_state.py",
     "tests/unit/engine/test_generate.py",
+    "tests/unit/engine/test_stops.py",
     "tests/unit/drafters/test_ngram.py",
+    "tests/unit/drafters/test_memory.py",
     "tests/unit/router/test_draft_stop.py",
     "tests/unit/engine/test_batch.py",
     "tests/unit/cascade/test_penalties.py",
     "tests/unit/cascade/test_logprobs.py",
     "tests/unit/cascade/test_grammar.py",
+    "tests/unit/server/test_memory_api.py",
     *LAW_TESTS,
     "tests/unit/cascade/test_sampling_exactness.py",
     "tests/unit/cascade/test_torch_rows.py",
@@ -60,6 +68,10 @@ EXACTNESS_TESTS = [
 #: The slow tier's long-horizon laws and its sentinel (the 3-token joint tests of
 #: test_sampling_exactness.py and the batched one are weaker, and would add 4 minutes).
 SLOW_TESTS = [*LAW_TESTS, "tests/unit/cascade/test_device_rows.py"]
+#: The real tier: exact mode's padding on the pulled target, under a minute (the whole real
+#: suite would take twenty).
+REAL_TESTS = ["tests/real/test_exact_padding_real.py"]
+TIERS = ("fast", "slow", "real")
 
 
 @dataclass(frozen=True)
@@ -78,11 +90,22 @@ class Mutant:
     slow: bool = False
     #: A control: an edit that keeps the output exact, which no test may fail.
     lossless: bool = False
+    #: Caught by the real tier only (how llama.cpp's kernels are driven: no synthetic model shows it).
+    real: bool = False
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        """The tiers that must catch it (a control: the fast tier, which it must pass)."""
+        return ("real",) if self.real else ("fast", "slow") if self.slow else ("fast",)
 
 
 VERIFY, CHAIN = "specrouter/cascade/verify.py", "specrouter/cascade/chain.py"
 TORCH_ROWS, NUMPY_ROWS = "specrouter/ops/rows_torch.py", "specrouter/ops/rows_numpy.py"
 DRAFTER = "specrouter/cascade/model_drafter.py"
+REQUEST, BATCH = "specrouter/engine/request.py", "specrouter/engine/batch.py"
+TEXT, REQUESTS = "specrouter/engine/text.py", "specrouter/engine/requests.py"
+PENALTIES, GRAMMAR = "specrouter/cascade/penalties.py", "specrouter/cascade/grammar.py"
+LLAMACPP = "specrouter/backends/llamacpp.py"
 UNWARPED = "ops_of(row).warp([row], SamplingParams(temperature=1.0))[0]"
 
 MUTANTS = [
@@ -172,6 +195,65 @@ MUTANTS = [
     Mutant("top-p-one-short", "top-p keeps one token fewer than the smallest set reaching top_p",
            (Edit(NUMPY_ROWS, "cut = int(cumulative.searchsorted(top_p - TOP_P_MARGIN)) + 1",
                  "cut = max(1, int(cumulative.searchsorted(top_p - TOP_P_MARGIN)))"),)),
+    # Request features: logprobs, stop strings, choices, memory scope, penalties, grammar, exact mode.
+    Mutant("logprobs-before-penalties", "logprob entries from the target's rows before the bias, the penalties and "
+           "the grammar's mask",
+           (Edit(CHAIN, "        rows = self._processed(rows, context + proposals)\n",
+                 "        raw, rows = rows, self._processed(rows, context + proposals)\n"),
+            Edit(CHAIN, "self.emitted = emitted_logprobs(host(rows),", "self.emitted = emitted_logprobs(host(raw),"))),
+    Mutant("stop-entry-after-check", "the logprob entry of the token that completes a stop string is appended after "
+           "the stop check (a kept token without its entry)",
+           (Edit(REQUEST, "            if entries:\n                self._logprobs.append(entries[j])\n"
+                          "            if self._text.add(token):\n"
+                          "                self.finish_reason, self.finished = \"stop\", True\n"
+                          "                return \"\"\n",
+                 "            if self._text.add(token):\n"
+                 "                self.finish_reason, self.finished = \"stop\", True\n"
+                 "                return \"\"\n"
+                 "            if entries:\n                self._logprobs.append(entries[j])\n"),)),
+    Mutant("stop-window-shortest", "the text searched for stop strings is sized by the shortest stop string, not "
+           "the longest",
+           (Edit(TEXT, "before - max(len(s) for s in self._stop) + 1",
+                 "before - min(len(s) for s in self._stop) + 1"),)),
+    Mutant("stop-first-listed", "two stop strings completing in one token: the text is cut at the first listed, "
+           "not the earliest",
+           (Edit(TEXT, "            cut = min(hits)\n", "            cut = hits[0]\n"),)),
+    Mutant("stop-holdback-first-only", "a stream holds back a tail that may become the first stop string only",
+           (Edit(TEXT, "        for s in self._stop:\n            for n in range(",
+                 "        for s in self._stop[:1]:\n            for n in range("),)),
+    Mutant("choice-seed-plus-index", "choice i of a request with seed s draws from the stream of seed s + i",
+           (Edit(REQUESTS, "np.random.default_rng(seed if self.choice == 0 else [seed, self.choice])",
+                 "np.random.default_rng(seed + self.choice)"),)),
+    Mutant("keyed-memory-reads-shared", "a request scoped to an API key drafts from the memory's shared partition "
+           "(and writes its key's)",
+           (Edit("specrouter/router/session.py", "self.lookup_drafter.with_memory(memory, scope)",
+                 "self.lookup_drafter.with_memory(memory, MemoryScope())"),)),
+    Mutant("memory-lookup-shared-scope", "the suffix drafter asks the memory in the shared partition, whatever its "
+           "request's key",
+           (Edit("specrouter/drafters/suffix.py", "recalled = self.memory.propose(context, n, self.scope)",
+                 "recalled = self.memory.propose(context, n, MemoryScope())"),)),
+    Mutant("penalties-bias-after-repetition", "the logit bias is added after the repetition penalty (vLLM's order "
+           "is bias first)",
+           (Edit(PENALTIES, "        values = out[seen]\n",
+                 "        values, biased = np.asarray(row)[seen], out[seen] - np.asarray(row)[seen]\n"),
+            Edit(PENALTIES, "out[seen] = np.where(values > 0, values / r, values * r)",
+                 "out[seen] = np.where(values > 0, values / r, values * r) + biased"))),
+    Mutant("penalties-presence-per-occurrence", "the presence penalty is charged per occurrence, as the frequency "
+           "penalty",
+           (Edit(PENALTIES, "(params.frequency_penalty * n[keep] + params.presence_penalty)",
+                 "((params.frequency_penalty + params.presence_penalty) * n[keep])"),)),
+    Mutant("grammar-end-anywhere", "the grammar allows the end of generation after every prefix, not only after a "
+           "whole sentence",
+           (Edit(GRAMMAR, "        if self._end < len(bits) * 8 and (bits[self._end // 8] >> (self._end % 8)) & 1:\n",
+                 "        if True:\n"),)),
+    Mutant("exact-catchup-unpadded", "exact mode: a call with a catch-up head is not padded to a multiple of 4 rows",
+           (Edit(LLAMACPP, "pad = -len(tokens) % EXACT_ROWS if self.exact else 0",
+                 "pad = -len(tokens) % EXACT_ROWS if self.exact and len(tokens) == n_logits else 0"),), real=True),
+    Mutant("exact-logit-rows-unpadded", "exact mode: in a call with a catch-up head, the rows with logits are not a "
+           "multiple of 4",
+           (Edit(LLAMACPP, "before = (len(tokens) - n_logits) % EXACT_ROWS if self.exact else 0",
+                 "before = (len(tokens) - n_logits) % EXACT_ROWS if self.exact and len(tokens) == n_logits else 0"),),
+           real=True),
 ]
 
 
@@ -191,15 +273,27 @@ def apply(dest: Path, mutant: Mutant) -> None:
         path.write_text(text.replace(edit.old, edit.new))
 
 
+#: Per tier: its test files, its marker, and whether its tests run in parallel (the real ones
+#: use both cores each, and must find the pulled models where the user keeps them).
+TIER_RUNS = {
+    "fast": (EXACTNESS_TESTS, "not real and not slow", True),
+    "slow": (SLOW_TESTS, "slow", True),
+    "real": (REAL_TESTS, "real", False),
+}
+
+
 def run_tier(dest: Path, tier: str, workers: int, stop_at_first: bool = False) -> tuple[list[str], float, int]:
     """Failed test ids, seconds, and how many tests ran; `stop_at_first`: the run ends at the
-    first failure (pytest --maxfail=1), which is all a mutant needs."""
-    paths = EXACTNESS_TESTS if tier == "fast" else SLOW_TESTS
-    marker = "not real and not slow" if tier == "fast" else "slow"
+    first failure (pytest --maxfail=1), which is all a mutant needs. A skipped test counts as
+    failed (a real test skips without the pulled models: it then checks nothing)."""
+    paths, marker, parallel = TIER_RUNS[tier]
     report = dest / f"report-{tier}.xml"
-    env = {**os.environ, "PYTHONPATH": str(dest), "SPECROUTER_CACHE": str(dest / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(dest), "PYTHONDONTWRITEBYTECODE": "1"}
+    if tier != "real":  # the real tests' private cache links the user's models (tests/conftest.py)
+        env["SPECROUTER_CACHE"] = str(dest / "cache")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, f"--junitxml={report}",
-           *(["-n", str(workers)] if workers > 1 else []), *(["--maxfail=1"] if stop_at_first else []), *paths]
+           *(["-n", str(workers)] if workers > 1 and parallel else []), *(["--maxfail=1"] if stop_at_first else []),
+           *paths]
     start = time.perf_counter()
     subprocess.run(cmd, cwd=dest, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seconds = time.perf_counter() - start
@@ -208,7 +302,7 @@ def run_tier(dest: Path, tier: str, workers: int, stop_at_first: bool = False) -
     failed, total = [], 0
     for case in ET.parse(report).getroot().iter("testcase"):
         total += 1
-        if case.find("failure") is not None or case.find("error") is not None:
+        if case.find("failure") is not None or case.find("error") is not None or case.find("skipped") is not None:
             failed.append(f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}")
     report.unlink()
     return failed, seconds, total
@@ -230,21 +324,52 @@ def summary(failed: list[str], limit: int = 3) -> str:
     return shown + (f" (+{len(failed) - limit})" if len(failed) > limit else "")
 
 
+def run_mutant(tmp: Path, mutant: Mutant, tiers: tuple[str, ...], workers: int) -> tuple[list[str], bool]:
+    """The table cells of one mutant (one per tier of TIERS) and whether it did what it must:
+    caught by every tier it must be caught by (a control: passed the fast tier)."""
+    dest = tmp / mutant.name
+    copy_repo(dest)
+    apply(dest, mutant)
+    must = ("fast",) if mutant.lossless else mutant.tiers
+    cells, ok = [], True
+    for tier in TIERS:
+        if tier not in must:
+            cells.append("(control: fast tier)" if mutant.lossless else "(synthetic: cannot show it)"
+                         if mutant.real else "(fast tier suffices)" if tier == "slow" else "")
+            continue
+        if tier not in tiers:
+            cells.append("not run")
+            ok = False
+            continue
+        failed, seconds, _ = run_tier(dest, tier, workers, stop_at_first=not mutant.lossless)
+        ok &= bool(failed) != mutant.lossless
+        shown = ("passes, as it must" if not failed else "**failed a lossless control:** " + summary(failed)) \
+            if mutant.lossless else summary(failed)
+        cells.append(f"{shown} ({seconds:.0f} s)")
+    shutil.rmtree(dest)
+    return cells, ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", nargs="*", help="run only these mutants (by name)")
     ap.add_argument("--workers", type=int, default=2, help="pytest-xdist workers (default 2)")
     ap.add_argument("--out", type=Path, help="also write the markdown table to this file")
-    ap.add_argument("--fast-only", action="store_true", help="run the fast tier only (a quick look; exits 1)")
+    ap.add_argument("--tiers", nargs="+", choices=TIERS, default=list(TIERS),
+                    help="the tiers to run (default all; a mutant a missing tier must catch is not run: exits 1)")
+    ap.add_argument("--fast-only", action="store_true", help="the fast tier only (--tiers fast: a quick look)")
     args = ap.parse_args()
-    tiers = ("fast",) if args.fast_only else ("fast", "slow")
+    tiers = ("fast",) if args.fast_only else tuple(t for t in TIERS if t in args.tiers)
     mutants = [m for m in MUTANTS if not args.only or m.name in args.only]
+    unknown = sorted(set(args.only or ()) - {m.name for m in MUTANTS})
+    if unknown:
+        raise SystemExit(f"no such mutants: {unknown}")
     rows, baseline, ok = [], [], True
     with tempfile.TemporaryDirectory(prefix="specrouter-mutants-") as tmp:
         base = Path(tmp) / "clean"
         copy_repo(base)
         check_imports_copy(base)
-        for tier in tiers:
+        for tier in (t for t in tiers if any(t in m.tiers for m in mutants)):  # the tiers its mutants need
             failed, seconds, total = run_tier(base, tier, args.workers)
             baseline.append(f"{tier} tier {total} tests in {seconds:.0f} s")
             print(f"unmutated, {tier} tier: {total} tests, {len(failed)} failed, {seconds:.0f} s", flush=True)
@@ -252,35 +377,23 @@ def main() -> int:
                 print("  the unmutated package must pass: " + ", ".join(failed))
                 return 1
         for mutant in mutants:
-            dest = Path(tmp) / mutant.name
-            copy_repo(dest)
-            apply(dest, mutant)
-            cells = []
-            for tier in tiers if mutant.slow else ("fast",):
-                failed, seconds, _ = run_tier(dest, tier, args.workers, stop_at_first=not mutant.lossless)
-                ok &= bool(failed) != mutant.lossless
-                shown = ("passes, as it must" if not failed else "**failed a lossless control:** " + summary(failed)) \
-                    if mutant.lossless else summary(failed)
-                cells.append(f"{shown} ({seconds:.0f} s)")
-            if len(cells) == 1:
-                cells.append("(control: fast tier)" if mutant.lossless else "(fast tier suffices)" if not mutant.slow
-                             else "not run")
-                ok &= not mutant.slow
-            rows.append(f"| `{mutant.name}` | {mutant.what} | {cells[0]} | {cells[1]} |")
+            cells, caught = run_mutant(Path(tmp), mutant, tiers, args.workers)
+            ok &= caught
+            rows.append(f"| `{mutant.name}` | {mutant.what} | " + " | ".join(cells) + " |")
             print(rows[-1], flush=True)
-            shutil.rmtree(dest)
-    cpu = cpu_model()
     table = "\n".join([
-        f"# Mutation check of the exactness tests ({datetime.date.today()}, {cpu}, {os.cpu_count()} cores)",
+        f"# Mutation check of the exactness tests ({datetime.date.today()}, {cpu_model()}, {os.cpu_count()} cores)",
         "",
-        f"Command: `python scripts/mutants.py{' --only ' + ' '.join(args.only) if args.only else ''}`. "
+        f"Command: `python scripts/mutants.py{' --only ' + ' '.join(args.only) if args.only else ''}"
+        f"{' --tiers ' + ' '.join(tiers) if tiers != TIERS else ''}`. "
         "Fast tier: `pytest -m \"not real and not slow\"` over " + ", ".join(EXACTNESS_TESTS) +
-        ". Slow tier: `pytest -m slow` over " + ", ".join(SLOW_TESTS) + ". A cell lists the first failing test "
+        ". Slow tier: `pytest -m slow` over " + ", ".join(SLOW_TESTS) + ". Real tier (the pulled models, one "
+        "worker): `pytest -m real` over " + ", ".join(REAL_TESTS) + ". A cell lists the first failing test "
         "(the run stops there: `--maxfail=1`, 2 workers, so another may be listed too) and the seconds to it; "
         "a control runs its tier in full. The unmutated package passed the " + " and the ".join(baseline) + ".",
         "",
-        "| mutant | the bug | fast tier | slow tier |",
-        "|---|---|---|---|",
+        "| mutant | the bug | fast tier | slow tier | real tier |",
+        "|---|---|---|---|---|",
         *rows,
         "",
         "Every mutant caught, every control passed." if ok else "SOME MUTANT WAS NOT CAUGHT, OR A CONTROL FAILED.",

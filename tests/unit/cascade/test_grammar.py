@@ -8,6 +8,8 @@ the committed output only, forgetting the tokens drafted before it, fails the sa
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -240,19 +242,20 @@ SAMPLED = {
 
 def constrained_law(target, params) -> dict[tuple, float]:
     """The exact law of the constrained target alone's output over N_TOKENS tokens: each
-    outcome a (tokens, finish reason) pair (EOS, or a grammar that stops, end it with "stop")."""
+    outcome a (tokens, finish reason) pair (EOS, or a grammar that stops, end it with "stop");
+    without a grammar (params.grammar None), the free target's."""
     law: dict[tuple, float] = {}
 
     def walk(out: list[int], p: float) -> None:
-        c = fresh(params.grammar, target, out)
-        if out and c.stopped:
+        c = fresh(params.grammar, target, out) if params.grammar is not None else None
+        if out and c is not None and c.stopped:
             law[(tuple(out), "stop")] = law.get((tuple(out), "stop"), 0.0) + p
             return
         if len(out) == N_TOKENS:
             law[(tuple(out), "length")] = p
             return
         row = penalize(target.logits_for(PROMPT + out), PROMPT + out, params, History(PROMPT))
-        dist = warp(c.restrict([row], [], 0)[0], params)
+        dist = warp(c.restrict([row], [], 0)[0] if c is not None else row, params)
         for token in np.flatnonzero(dist):
             if token == EOS:
                 law[(tuple(out), "stop")] = law.get((tuple(out), "stop"), 0.0) + p * dist[token]
@@ -273,11 +276,45 @@ def counts_of(chain, params, seed, runs=RUNS) -> dict[tuple, int]:
     return counts
 
 
+def first_tokens(law: dict[tuple, float]) -> dict[int, float]:
+    """A law's marginal of the first token (EOS where the output is empty)."""
+    out: dict[int, float] = {}
+    for (tokens, _), p in law.items():
+        first = tokens[0] if tokens else EOS
+        out[first] = out.get(first, 0.0) + p
+    return out
+
+
+def in_grammar(checker: Constraint, outcome: tuple) -> bool:
+    """Whether an outcome (tokens, finish reason) is one the grammar allows: its tokens a
+    prefix of a sentence, and a whole sentence (the end allowed after it) where it stopped.
+    checker: a constraint with no committed output."""
+    tokens = list(outcome[0])
+    if outcome[1] == "length":
+        return checker.valid_prefix([], tokens) == len(tokens)
+    return checker.valid_prefix([], tokens + [EOS]) == len(tokens) + 1
+
+
 def test_the_constrained_law_is_a_law_and_differs_from_the_free_one():
+    """Each constrained law sums to 1, every outcome of it is in the grammar, and it differs
+    from the free law of the same params, which puts most of its mass outside the grammar.
+    Where no filter follows the mask, the first token's marginal is exactly the free one
+    restricted to what the grammar allows first, renormalised."""
     target, _, _ = models()
-    for params in SAMPLED.values():
+    for name, params in SAMPLED.items():
         law = constrained_law(target, params)
-        assert sum(law.values()) == pytest.approx(1.0)
+        free = constrained_law(target, replace(params, grammar=None))
+        assert sum(law.values()) == pytest.approx(1.0) and sum(free.values()) == pytest.approx(1.0)
+        checker = fresh(params.grammar, target, [])
+        assert all(in_grammar(checker, k) for k in law), name
+        outside = sum(p for k, p in free.items() if not in_grammar(checker, k))
+        distance = 0.5 * sum(abs(law.get(k, 0.0) - free.get(k, 0.0)) for k in law.keys() | free.keys())
+        assert outside > 0.5 and distance > 0.5, name
+        if params.top_k == 0 and params.top_p == 1.0:
+            first, free_first = first_tokens(law), first_tokens(free)
+            start = allowed(params.grammar, target, [])
+            mass = sum(free_first[t] for t in start)
+            assert first == pytest.approx({t: free_first[t] / mass for t in start}, rel=1e-9), name
     assert len(constrained_law(target, SAMPLED["finite"])) < 12
 
 

@@ -2,7 +2,9 @@
 exactly what the target's own row after that token's prefix gives, computed here from the
 synthetic target's logits directly; alternatives are the most likely tokens, most likely
 first; stop strings, EOS and max_tokens cut the entries with the tokens; a batched stream
-hands out every entry once, with the text that shows its token."""
+hands out every entry once, with the text that shows its token; under a bias, penalties and a
+grammar, every entry is the row after all three (computed here from their definitions), not
+the model's raw row."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain
+from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.logprobs import TokenLogprob, log_distribution, token_logprob
 from specrouter.cascade.sampling import SamplingParams, warp
 from specrouter.drafters.ngram import NgramDrafter
@@ -138,3 +141,78 @@ def test_a_batched_stream_hands_out_every_entry_once_with_its_text():
     for rid, r in results.items():
         assert streamed[rid] == r.logprobs and len(r.logprobs) == len(r.token_ids) > 0
         assert r.logprobs == expected(target, requests[rid].prompt_tokens, r.token_ids, requests[rid].params, 2)
+
+
+# Penalties, biases and a grammar -----------------------------------------------------------
+
+#: After the committed output, the letters the grammar (a[bc]|b[ad]|c|d[a-e])* allows next,
+#: written out by hand: between units a, b, c or d, or the end; after a: b or c; after b: a
+#: or d; after d: a to e.
+PAIRS_NEXT = {None: {0, 1, 2, 3, EOS}, 0: {1, 2}, 1: {0, 3}, 3: {0, 1, 2, 3, 4}}
+CONSTRAINED = {
+    "greedy": dict(temperature=0.0),
+    "T=0.8": dict(temperature=0.8, seed=11),
+    "T=1.3": dict(temperature=1.3, seed=12),
+}
+
+
+def pairs_allowed(output: list[int]) -> set[int]:
+    """The tokens the pair grammar allows after `output` (independently of grammar.py)."""
+    pending = None  # the first letter of an unfinished unit
+    for token in output:
+        pending = None if pending is not None or token == 2 else token
+    return PAIRS_NEXT[pending]
+
+
+def constrained_row(target, prompt, output, params) -> np.ndarray:
+    """The target's row after prompt + output under params' bias, repetition, frequency and
+    presence penalties and the pair grammar, computed from their definitions one token at a
+    time: the row every reported entry must come from."""
+    row = np.array(target.logits_for(prompt + output), dtype=np.float64)
+    for token, bias in params.logit_bias:
+        row[token] += bias
+    r = params.repetition_penalty
+    for token in set(prompt) | set(output):
+        row[token] = row[token] / r if row[token] > 0 else row[token] * r
+    for token in set(output):
+        row[token] -= params.frequency_penalty * output.count(token) + params.presence_penalty
+    row[[t for t in range(VOCAB) if t not in pairs_allowed(output)]] = -np.inf
+    return row
+
+
+def expected_constrained(target, prompt, tokens, params) -> list[tuple[int, float]]:
+    """(token, log-probability) of each emitted token: log_softmax of its constrained row at
+    temperature 1 (greedy) or at the request's temperature (sampling, no filters)."""
+    out = []
+    for j, token in enumerate(tokens):
+        row = constrained_row(target, prompt, tokens[:j], params)
+        scaled = row / (params.temperature or 1.0)
+        finite = scaled[np.isfinite(scaled)]
+        out.append((token, float(scaled[token] - finite.max() - np.log(np.exp(finite - finite.max()).sum()))))
+    return out
+
+
+@pytest.mark.parametrize("sampling", CONSTRAINED.values(), ids=CONSTRAINED.keys())
+@pytest.mark.parametrize("name", ["target alone", "2-level", "3-level", "n-gram 3-level"])
+def test_entries_come_from_the_row_after_bias_penalties_and_the_grammar_mask(name, sampling):
+    """The reported distribution is the one the target decoded from: its logits after the
+    bias, the penalties and the grammar's mask, not the model's raw row (which puts mass on
+    tokens the grammar forbids and ignores the penalties)."""
+    from specrouter.cascade.grammar import Grammar
+
+    target, mid, small = models(eos=EOS)
+    params = SamplingParams(**sampling, logit_bias=((EOS, -9.0), (3, 1.5), (1, -0.7)), repetition_penalty=1.4,
+                            frequency_penalty=0.6, presence_penalty=0.3,
+                            grammar=Grammar("regex", "(a[bc]|b[ad]|c|d[a-e])*"))
+    r = generate(chains(target, mid, small)[name], PROMPT, params, 24, logprobs=2)
+    assert len(r.token_ids) == 24 and r.finish_reason == "length"
+    assert len(r.logprobs) == 24 and [e.token for e in r.logprobs] == r.token_ids
+    want = expected_constrained(target, PROMPT, r.token_ids, params)
+    assert [e.logprob for e in r.logprobs] == pytest.approx([lp for _, lp in want], rel=0, abs=1e-9)
+    raw = expected(target, PROMPT, r.token_ids, SamplingParams(**sampling), 2)
+    assert all(abs(e.logprob - plain.logprob) > 1e-3 for e, plain in zip(r.logprobs, raw))  # raw rows differ
+    for j, entry in enumerate(r.logprobs):  # the alternatives: the grammar's most likely tokens, none outside it
+        allowed = pairs_allowed(r.token_ids[:j])
+        assert {t for t, _ in entry.top} <= allowed
+        row = constrained_row(target, PROMPT, r.token_ids[:j], params)
+        assert [t for t, _ in entry.top] == sorted(allowed, key=lambda t: (-row[t], t))[:2]

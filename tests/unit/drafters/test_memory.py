@@ -153,3 +153,19 @@ def test_negative_token_ids_are_refused_before_anything_is_stored():
     with pytest.raises(InvalidParameterError, match="token ids must be >= 0"):
         memory.add([1, 2, -1, 3])
     assert len(memory) == 0
+
+
+def test_a_keyed_request_reads_its_own_partition_only():
+    """A key's request is proposed its key's texts, never the shared partition's (the texts of
+    requests without a key) nor another key's, even where those match its context longer."""
+    memory = SuffixMemory(1000)
+    shared, other, own = list(range(700, 740)), list(range(800, 840)), list(range(700, 712)) + list(range(900, 920))
+    memory.add(shared)  # the shared partition: continues 700..711 with 712..
+    memory.add(other, MemoryScope("key-b"))
+    assert memory.propose(shared[:20], 8, MemoryScope("key-a")) == Lookup([], 0)  # key-a holds nothing yet
+    memory.add(own, MemoryScope("key-a"))  # key-a's text continues 700..711 with 900..
+    assert memory.propose(shared[:20], 8, MemoryScope("key-a")) == Lookup([], 0)  # 712.. is not key-a's
+    assert memory.propose(shared[:12], 8, MemoryScope("key-a")) == Lookup(own[12:20], 12, 1, 1)
+    assert memory.propose(shared[:12], 8) == Lookup(shared[12:20], 12, 1, 1)
+    assert memory.propose(other[:10], 8, MemoryScope("key-a")) == Lookup([], 0)
+    assert memory.propose(other[:10], 8, MemoryScope("key-b")).tokens == other[10:18]

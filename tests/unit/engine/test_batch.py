@@ -459,3 +459,28 @@ def test_a_stream_is_priced_alone_while_a_prompt_beside_it_is_prefilled(monkeypa
     while_fed = {size for _, b_cycles, size in seen if b_cycles == 0}
     after = {size for _, b_cycles, size in seen if 0 < b_cycles < 4}
     assert while_fed == {1} and after == {2}, seen
+
+
+def test_choice_streams_are_independent_across_seeds():
+    """Choice i of a request with seed s draws from its own stream: choice 0 from the seed's
+    (what the request alone draws), the others from streams no other (seed, choice) shares,
+    so choice 1 of seed s is not choice 0 of seed s + 1 (as a stream seeded s + i would be)."""
+    draws = {(seed, i): tuple(SeqRequest([1], SamplingParams(temperature=1.0, seed=seed), choice=i).rng().random(4))
+             for seed in range(6) for i in range(4)}
+    assert len(set(draws.values())) == len(draws)
+    assert all(draws[seed, 0] == tuple(np.random.default_rng(seed).random(4)) for seed in range(6))
+
+    target, mid, small = models()
+    chain = Chain([small, target], [3])
+    scheduler = BatchScheduler(lambda r: chain, max_batch=6, prefill_share=None)
+    prompt = [1, 2, 3, 1, 2]
+    for seed in (7, 8):
+        for i in range(3):
+            scheduler.add(f"s{seed}c{i}", SeqRequest(prompt, SamplingParams(temperature=1.2, seed=seed), 30, choice=i,
+                                                     shares_prompt_with=f"s{seed}c0" if i else None))
+    events = drain(scheduler)
+    tokens = {rid: finished(e).token_ids for rid, e in events.items()}
+    assert len(tokens) == 6 and len({tuple(t) for t in tokens.values()}) == 6
+    for seed in (7, 8):  # choice 0 is the request alone
+        alone = generate(Chain([small, target], [3]), prompt, SamplingParams(temperature=1.2, seed=seed), 30)
+        assert tokens[f"s{seed}c0"] == alone.token_ids

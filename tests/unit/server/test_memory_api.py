@@ -4,10 +4,12 @@ partition (per API key, shared, none), the opt-out field, and the settings' erro
 import hashlib
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
-from specrouter.drafters.memory import SuffixMemory
+from specrouter.drafters.lookup import Lookup
+from specrouter.drafters.memory import MemoryScope, SuffixMemory
 from specrouter.errors import InvalidParameterError
 from specrouter.server.config import ServeConfig, load_config
 
@@ -73,3 +75,38 @@ def test_the_memory_is_built_only_for_a_lookup_that_reads_it():
     assert ServeConfig(lookup="suffix", memory="off").suffix_memory() is None
     memory = ServeConfig(lookup="suffix", memory_tokens=1000).suffix_memory()
     assert memory is not None and memory.budget == 1000
+
+
+def test_a_keyed_request_drafts_from_its_keys_partition_only(monkeypatch):
+    """With `per-key`, a request presenting a key is proposed only its key's texts: not the
+    shared partition's (requests without a key), even where a shared text continues its
+    prompt; a request without a key is proposed that shared text (the lookup does read it)."""
+    memory = SuffixMemory(10_000)
+    shared = np.random.default_rng(3).integers(0, 16, size=80).tolist()  # the letters a..p
+    memory.add(shared)
+    memory.add(shared[:30] + [15 - t for t in shared[30:]], MemoryScope(digest("key-b")))
+    asked: list[tuple[MemoryScope, Lookup]] = []
+    propose = memory.propose
+
+    def recording(context, n, scope=MemoryScope()):
+        found = propose(context, n, scope)
+        asked.append((scope, found))
+        return found
+
+    monkeypatch.setattr(memory, "propose", recording)
+    prompt = "".join(chr(97 + t) for t in shared[:30])
+    service, _ = build_service(memory=memory)
+    with running_server(service, memory="per-key") as (url, _):
+        for key, scope in (("key-a", MemoryScope(digest("key-a"))), (None, MemoryScope())):
+            asked.clear()
+            with httpx.Client(base_url=url) as client:
+                r = client.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 20,
+                                                          "temperature": 0},
+                                headers={"Authorization": f"Bearer {key}"} if key else {})
+            assert r.status_code == 200
+            assert asked and {s for s, _ in asked} == {scope}, key
+            recalled = [found for _, found in asked if found.tokens]
+            if key:
+                assert recalled == []  # neither the shared text nor key-b's
+            else:
+                assert recalled and all(found.match >= 4 for found in recalled)
