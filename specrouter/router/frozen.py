@@ -33,7 +33,6 @@ from specrouter.router.policy.state import ProbeBudget
 from specrouter.router.session import Router
 
 
-
 class _NoProbes(ProbeBudget):
     """A probes' account with nothing to spend."""
 
@@ -54,7 +53,7 @@ class _Solo(Router):
 
 
 class FrozenRoutes:
-    """A router's state at one moment; session() routes one seeded request from it."""
+    """A router's state at one moment; session() routes one reproducible request from it."""
 
     def __init__(self, router: Router) -> None:
         self.router = router
