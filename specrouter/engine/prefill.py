@@ -77,7 +77,7 @@ from specrouter.smoothing import ema
 PREFILL_SHARE = 0.5
 FIRST_CHUNK = 4  # tokens per step at first, per model
 STARVE_STEPS = 8  # steps without a decoding forward on a model before its chunks run alone
-ALPHA = 0.3
+ALPHA = 0.3  # weight of a new timing in the EMAs of calls and steps without chunks
 WAIT = -1  # a forward that neither runs nor feeds a chunk this step
 ALONE = 0  # the shape of a call that feeds chunks only
 
