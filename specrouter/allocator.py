@@ -6,8 +6,8 @@ float64 probability vector per drafted or verified position (1.2 MB each: a 16-t
 and its verification keep 33 of them). glibc serves blocks this size from mmap, or, once its
 dynamic threshold has risen, from the heap, whose free top it trims (returns to the kernel)
 past twice that threshold. Either way every cycle touches fresh pages, and the kernel
-zero-fills each one on first touch (a minor page fault): that, not the arithmetic, was most
-of the host work of a sampled cycle (docs/simulation.md).
+zero-fills each one on first touch (a minor page fault): that, not the arithmetic, is most
+of the host work of a sampled cycle under glibc's default settings (docs/simulation.md).
 
 keep_freed_pages() sets glibc's thresholds so that blocks up to MMAP_THRESHOLD come from the
 heap and up to TRIM_THRESHOLD of freed heap stays mapped: the next cycle reuses the pages the

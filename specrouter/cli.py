@@ -27,7 +27,7 @@ from specrouter.models import DEFAULT_POOL, check_pulled_integrity, is_pulled, m
 from specrouter.offload import GpuLayers
 from specrouter.pool import Pool, parse_chain, parse_draft_lengths
 
-#: "auto": the router picks chain and draft lengths before every cycle (issue: the default).
+#: "auto": the router picks chain and draft lengths before every cycle.
 DEFAULT_CHAIN = "auto"
 AUTO = "auto"
 

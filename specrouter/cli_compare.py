@@ -4,7 +4,7 @@ are identical.
 
 Greedy, so "identical" is a check: the router changes how fast the target's tokens come, never
 which tokens (with llama.cpp's default kernels a near-tie between two batch shapes may flip an
-argmax, docs/bit-exact.md; `--exact` rules that out). Both runs are whole requests, prompt
+argmax, docs/cascade-and-exactness.md; `--exact` rules that out). Both runs are whole requests, prompt
 included, timed on one clock; every model evaluates a few tokens first, so neither run pays for
 paging weights in.
 """
@@ -128,7 +128,7 @@ def _router_folder(router_dir: Path | None) -> tuple[Path | None, str]:
 @click.option("--max-tokens", type=int, default=256, show_default=True)
 @click.option("--n-ctx", type=int, default=4096, show_default=True, help="Context window per sequence.")
 @click.option("--threads", type=int, default=None, help="CPU threads per model (default: all cores).")
-@click.option("--exact", is_flag=True, help="Exact kernels for llama.cpp models (docs/bit-exact.md).")
+@click.option("--exact", is_flag=True, help="Exact kernels for llama.cpp models (docs/cascade-and-exactness.md).")
 @click.option("--router-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="The router's cost profile and acceptance estimates (default: the user cache, as generate "
                    "uses; a missing profile is measured there).")

@@ -34,8 +34,7 @@ def convert(names, pull_missing, force, cache_dir) -> None:
     (qwen2.5-coder-1.5b:torch-fp32); default: the Qwen 0.5B and 1.5B. The result lives in
     <cache>/torch/NAME/ and serves every dtype: use NAME:torch-fp32, NAME:torch-bf16 or
     NAME:torch-fp16 in --chain. Loading a GGUF dequantizes it: minutes and several GB of
-    memory per model (about 5 minutes and 9 GB for the 1.5B on 2 cores); models are
-    converted one at a time.
+    memory per model; models are converted one at a time.
     """
     for raw in names or DEFAULT_CONVERT:
         parsed = split_torch_name(raw)

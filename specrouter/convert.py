@@ -12,9 +12,10 @@ without a second rounding).
 Conversion goes through transformers' own GGUF loader (``from_pretrained(folder,
 gguf_file=...)``, which needs the ``gguf`` package), then ``save_pretrained`` as
 safetensors plus the tokenizer. It runs once, explicitly (``specrouter convert NAME``)
-or on first use when the pool is allowed to fetch missing models. Reference notes:
-loading the 1.5B GGUF takes about 107 s and 9 GB at peak; the saved folder reloads in
-seconds. One model is converted at a time so the peak stays that of the largest one.
+or on first use when the pool is allowed to fetch missing models. Loading a GGUF
+dequantizes every weight in memory (minutes and several GB at peak for the 1.5B); the saved
+folder reloads in seconds. One model is converted at a time so the peak stays that of the
+largest one.
 
 Nothing here imports torch at module import time: the package works without the
 ``torch`` extra, and only converting or loading a torch model needs it.
@@ -158,7 +159,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, source_sha256: str = "", pro
         load_s = time.perf_counter() - t0
         say(f"  loaded in {load_s:.0f} s; saving safetensors...")
         # A model loaded from GGUF refuses save_pretrained while it carries the
-        # quantizer marker (reference notes); the weights are already plain tensors.
+        # quantizer marker; the weights are already plain tensors.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config

@@ -26,8 +26,10 @@ from specrouter.models import DEFAULT_POOL, resolve_model
 from specrouter.offload import GpuLayers
 from specrouter.vocab import check_shared_tokenizer
 
-#: Draft length per level when none is given: 4 is where llama.cpp's own speculative
-#: example peaked on these machines (reference notes: 12.0 tok/s at 4 vs 10.8 at 2, 7.0 at 8).
+#: Draft length per level of a fixed chain when none is given: short, because on a CPU a
+#: verified block costs more the longer it is while each further drafted token is less
+#: likely to be reached; llama.cpp's own speculative example peaks at 4 on a 2-core CPU
+#: (docs/journal.md).
 DEFAULT_DRAFT_LENGTH = 4
 
 

@@ -6,10 +6,10 @@ llama_decode with our own batch: each token carries its absolute position and it
 sequence id, and only the positions whose logits are needed are marked as outputs.
 One context holds up to n_seq_max sequences in a unified KV cache (exact mode: a stream each).
 
-Exact kernels (`exact=True`, docs/cascade-and-exactness.md has the kernel paths and measurements):
-llama.cpp's CPU backend computes a row of a forward with other kernels depending on how
-many rows the forward has, so a token verified in a block of k gets logits that differ
-(by up to ~0.6 on the 1.5B q4) from the same token decoded alone, and greedy ties flip.
+Exact kernels (`exact=True`, docs/cascade-and-exactness.md has the kernel paths and what
+they cost): llama.cpp's CPU backend computes a row of a forward with other kernels depending
+on how many rows the forward has, so a token verified in a block of k gets logits that differ
+by rounding from the same token decoded alone, and greedy near-ties flip.
 In exact mode every row is computed by one path whatever the batch:
 - repacked quantized weights run their 4-row GEMM on every group of 4 rows and a GEMV on
   the rest (ggml-cpu/repack.cpp, forward_mul_mat), so every run of a forward is padded to a
@@ -30,8 +30,8 @@ In exact mode every row is computed by one path whatever the batch:
 - flash attention is off: its CPU kernel splits the KV range of a single row across
   threads (from 512 KV cells) and tiles 64 rows and more, three orders of summation;
   without it attention is two matmuls (tinyBLAS from 2 rows on) and a row-wise softmax.
-Measured (docs/journal.md): logits of blocks of 1..65 tokens equal one-token decoding
-bitwise, at 100 to 1,500 tokens of context; a one-row forward then costs a four-row one.
+Then every row equals one-token decoding's bit for bit, at any block size and context (the
+real-model tests check it); a one-row forward costs a four-row one (it runs EXACT_ROWS rows).
 """
 
 from __future__ import annotations

@@ -136,13 +136,14 @@ class _Vocabulary:
         return out
 
 
-#: One llguidance tokenizer per backend (building one reads every token: ~2 s for 150k).
+#: One llguidance tokenizer per backend (building one reads every token of the vocabulary).
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def prepare(backend: Backend) -> None:
-    """Build (once per backend) the vocabulary every Constraint on it reads: ~2 s for a 150k
-    vocabulary, so a server calls it off its scheduler's thread before such a request runs."""
+    """Build (once per backend) the vocabulary every Constraint on it reads: seconds for a
+    150k vocabulary (docs/cascade-and-exactness.md), so a server calls it off its scheduler's
+    thread before such a request runs."""
     _tokenizer(backend)
 
 

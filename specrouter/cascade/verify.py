@@ -51,7 +51,9 @@ def verify_sampled(
     residual_fn exists so a test can break the residual step on purpose.
 
     The probabilities the acceptance tests read are gathered first, all at once (one
-    transfer for rows kept on a device); the uniforms are drawn one by one as before.
+    transfer for rows kept on a device); the uniforms are drawn one by one, in position
+    order: one per acceptance test (a proposal q gives no mass is rejected without one), then
+    the residual's or the bonus token's sample.
     """
     k = len(proposals)
     p_at = ops_of(verifier_probs).at(verifier_probs[:k], proposals) if k else []

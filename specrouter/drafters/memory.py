@@ -192,7 +192,7 @@ class SuffixMemory:
 
 def _slot(window: Sequence[int], pid: int, shift: int) -> int:
     """_hashes of one GRAM-token window in plain integers (a query's one window: numpy's
-    per-call overhead would cost ten times the arithmetic)."""
+    per-call overhead would cost more than the arithmetic)."""
     h = (pid * _PARTITION_MULT) & _MASK
     for token in window:
         h = ((h ^ (int(token) & _MASK)) * _MULT_INT) & _MASK

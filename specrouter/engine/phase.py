@@ -8,8 +8,8 @@ on the draft model while others wait on the target. Calling every such model at 
 (ServeAll) then runs both models at every step while each sequence advances one stage of
 its cycle. Where a call costs about the same whatever it feeds (a GPU below its
 bandwidth/compute crossover, roofline.py), a cycle of k draft forwards and one verification
-costs (k + 1)(t_d + t_t) out of phase instead of k t_d + t_t in phase: a 3-level chain
-simulated at batch 8 on an H100 roofline ran at half its batch-1 speed (docs/journal.md).
+costs (k + 1)(t_d + t_t) out of phase instead of k t_d + t_t in phase, which can halve a
+chain's speed (docs/journal.md, "A batch kept in phase").
 Where a call costs its tokens (llama.cpp on a CPU), the split only adds each call's fixed
 cost.
 

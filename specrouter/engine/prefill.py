@@ -18,9 +18,9 @@ forward runs whole, as if nobody decoded; the D streams stall for the W prefills
 would have had they arrived together. Protecting them would cost the W prompts far more: a
 chunk that keeps a stream's call within 1 + share of its own is a few tokens, which a
 forward's fixed cost makes about twice as dear per token on a CPU as a whole prompt, so a
-burst entered the batch one prompt at a time while the few streams gained little from
-batching (figures: docs/journal.md). A batch thus takes the same course whether its prompts
-arrive within one step or a few apart. One prompt beside one or more streams is chunked.
+burst would enter the batch one prompt at a time while the few streams gain little from
+batching (docs/serving.md, "Chunked prefill"). A batch thus takes the same course whether its
+prompts arrive within one step or a few apart. One prompt beside one or more streams is chunked.
 
 Where a chunk runs: in the same call as the step's decoding forwards of its model (one
 forward: its fixed cost, most of a token's on a CPU, is paid once). A model that no
@@ -53,8 +53,8 @@ without a chunk, to be timed, and starts from the size of its model's next small
 timed: nothing to compare with).
 
 How large (a controller on measured time, no cost model): after each full chunk, the size
-takes half the correction towards its goal (in log terms: a call's time jitters, and full
-corrections overshot to 3x), rounded away from the current size, by at most 2x either way.
+takes half the correction towards its goal (in log terms: a call's time jitters, so a full
+correction overshoots), rounded away from the current size, by at most 2x either way.
 A chunk changes how a cache is filled, never what it holds.
 """
 
@@ -71,13 +71,13 @@ from specrouter.smoothing import ema
 
 #: Share of a decoding call's time a chunk riding in it may add (so of a step's, and of a
 #: stream's cycle's). A forward's cost climbs in steps on a CPU (llama.cpp's GEMM takes rows
-#: in groups of 4: 1 token 101 ms, +1 chunk token 149, +4 199, +8 319 on the Xeon at 1,000
-#: tokens of context), so the controller hovers around its goal by a step: 0.5 keeps a
-#: stream's gaps under 3x (measured: benchmarks/results/prefill-stall-*.md).
+#: in groups of 4, and each step is a good part of a one-token forward), so the controller
+#: hovers around its goal by a step: 0.5 keeps a stream's largest gap under 3x its median
+#: gap (benchmarks/results/prefill-stall-2026-12-02-xeon.md).
 PREFILL_SHARE = 0.5
 FIRST_CHUNK = 4  # tokens per step at first, per model
 STARVE_STEPS = 8  # steps without a decoding forward on a model before its chunks run alone
-ALPHA = 0.3
+ALPHA = 0.3  # weight of a new timing in the EMAs of calls and steps without chunks
 WAIT = -1  # a forward that neither runs nor feeds a chunk this step
 ALONE = 0  # the shape of a call that feeds chunks only
 

@@ -1,7 +1,7 @@
 """Server configuration: one TOML file of top-level keys, each overridable by a CLI flag.
 
 Defaults serve the default pool (the Qwen 0.5B drafting for the 1.5B target, routed per
-cycle) on 127.0.0.1:8000 without an API key. See README "Serving" for an example file.
+cycle) on 127.0.0.1:8000 without an API key. See README "Configuration" for an example file.
 """
 
 from __future__ import annotations

@@ -2,16 +2,16 @@
 
 uvicorn's own shutdown (on SIGTERM or SIGINT) stops listening, waits for connections up to
 its graceful timeout, then cancels the request tasks, and only then runs the app's lifespan
-shutdown: a long request was cut off without finish_reason, error event or [DONE], and a
-plain request got a bare 500. DrainingServer first drains the service (Service.drain):
-new requests get 503 with Retry-After, those in flight may finish for `grace` seconds, and
-each one left then ends with a clean error (a stream: an error event then [DONE]; a plain
-request: a 503 body). uvicorn's shutdown then only waits FLUSH_SECONDS for those last
-responses to be written.
+shutdown: a long request would be cut off without finish_reason, error event or [DONE], and
+a plain request would get a bare 500. DrainingServer first drains the service
+(Service.drain): new requests get 503 with Retry-After, those in flight may finish for
+`grace` seconds, and each one left then ends with a clean error (a stream: an error event
+then [DONE]; a plain request: a 503 body). uvicorn's shutdown then only waits FLUSH_SECONDS
+for those last responses to be written.
 
 uvicorn re-raises the signal it handled once it has shut down (so that an embedding program
-learns of it): SIGINT became a KeyboardInterrupt (exit 130) and SIGTERM killed the process
-before `specrouter serve` could save its router estimates and close its models.
+learns of it): SIGINT would become a KeyboardInterrupt (exit 130) and SIGTERM would kill the
+process before `specrouter serve` could save its router estimates and close its models.
 DrainingServer handles the signal and returns: the command finishes its own shutdown and
 exits 0.
 """

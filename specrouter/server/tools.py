@@ -3,8 +3,8 @@
 A Qwen chat template given `tools` asks the model to answer a call as
 `<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call>`,
 one block per call. Small models often write the same object in a fenced code block
-(```json ... ```) or as the whole answer instead (measured: the q4 Qwen2.5-Coder 1.5B does
-the first); llama.cpp's Hermes parser accepts those openings too, and so does this one.
+(```json ... ```) or as the whole answer instead; llama.cpp's Hermes parser accepts those
+openings too, and so does this one.
 
 `parse_tool_calls` takes a whole answer apart: a block (tagged or fenced) whose JSON is an
 object naming a declared function, with an object of arguments, is a call; everything else

@@ -44,7 +44,7 @@ from specrouter.sim.simulate import ALONE, AUTO, ChainChoice, Replay, Simulation
 from specrouter.sim.trace import Trace
 
 
-#: Batch sizes the prediction reports by default (the issue's 1, 8 and 32, and between).
+#: Batch sizes the prediction reports by default: one request, a small and a large batch.
 BATCHES = (1, 8, 32)
 
 

@@ -1,16 +1,16 @@
 """The machine as it was while other work ran: a cost profile timed in rounds between that
 work (a validation's real runs), not in one session before it.
 
-Why: a profile is a handful of forwards per size timed in a minute or two. On this project's
-2-core CPUs two such sessions of one machine part by 5-15% per entry (docs/journal.md,
-2026-12-05), while the real runs of a validation take half an
-hour and repeat within 4-8%. A replay priced by a profile timed before the runs therefore
-validates that minute of the machine, not the half hour the runs saw. Here each round
-times one forward of every size of every model (profiler.time_forwards: the same forward,
-after the same cached prefix, as the router's profile), and its context sizes after
-LONG_CONTEXT tokens where the model's context holds them; the profile is the median of
-every size over all rounds, fitted non-decreasing in n (CostProfile.nondecreasing), so a
-slow stretch of the machine during one request moves each entry by one sample of many.
+Why: a profile is a handful of forwards per size timed in a minute or two, while the real
+runs of a validation take half an hour, and a shared CPU's speed drifts between the two: two
+such profiles of one machine part by more than the real runs repeat within (docs/journal.md,
+"The simulator on the copy workloads"). A replay priced by a profile timed before the runs
+therefore validates that minute of the machine, not the half hour the runs saw. Here each
+round times one forward of every size of every model (profiler.time_forwards: the same
+forward, after the same cached prefix, as the router's profile), and its context sizes after
+LONG_CONTEXT tokens where the model's context holds them; the profile is the median of every
+size over all rounds, fitted non-decreasing in n (CostProfile.nondecreasing), so a slow
+stretch of the machine during one request moves each entry by one sample of many.
 
 Its contract with the work it interleaves with: a round runs between requests, never
 during one (it uses the models' sequences and caches, and leaves none behind), and its

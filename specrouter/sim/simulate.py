@@ -15,8 +15,9 @@ decode is what a method changes; a draft's catch-up on the prompt is unpriced li
 A run is also timed as a real one can time its decode (Run.streamed_seconds, decode_seconds:
 from its first streamed text, so its whole first cycle is out, prompt, catch-up, and the
 block drafted and verified with it); the validation compares that (validate.py). The two
-part most for long blocks on short answers: a fixed suffix [32] chain's first cycle is one
-33-token forward of its ~8 on a 200-token code edit (docs/journal.md).
+part most for long blocks on short answers: a fixed suffix [32] chain's first cycle, one
+33-token forward, is a large share of the few forwards a short code edit takes
+(docs/journal.md, "The simulator on the copy workloads").
 
 Not simulated unless asked: the host work (the cascade's own, ~0.1 ms per greedy token,
 docs/simulation.md, and the router's choice per cycle, benchmarks/router_work.py: `host`

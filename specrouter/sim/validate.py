@@ -14,30 +14,29 @@ machine's profile is timed (sim/machine.py): the machine as it was while the rea
 
 The simulation validated then replays the target alone, auto and the chains run, priced by
 that machine, its router starting from the up-front profile as the real one did (Replay's
-belief): a profile timed in one sitting before the runs moved the replay by 5-15% between
-two validations of the same runs (docs/journal.md). The replay prices every token fed
+belief): a profile timed in one sitting before the runs prices the minute it was timed in,
+not the runs (sim/machine.py says why). The replay prices every token fed
 (price_prompt): after the first cycle a prompt token is fed only by a draft model that joins
 mid-request and catches up on it, which the real run pays too.
 
-Per method (auto, the best fixed chain; the target alone is 1 on both sides), per group:
-the median per request of the target alone's time over the method's (what the gpu-sim
-issue asks: per dataset, median), measured, simulated on the machine and simulated up
-front, and the simulation's relative error; and the share of the method's cycles that
-drafted, measured and simulated (where they part for auto, the router chose otherwise).
-Overall ('all'): the target alone's time over the method's, each summed over every request
-(pooled), shown beside the groups and not checked. `ok` when every group's error on the
-machine, auto's and its fixed chain's, is within `max_error`: neither aggregate over groups
-measures the simulation's error. A median over requests of groups as far apart as
-documents (near 1x) and code editing (2-3x) lands between the two clusters and moves by a
-fifth with a request or two; a pooled ratio is dominated by the slowest requests, and for
-the fixed chains (each group's own: no one chain) those are a long-draft chain over a real
-text that left the recorded one, 8.8x the target alone's time where the replay, on the
-recorded text, was 1.3x (docs/journal.md).
+Per method (auto, the best fixed chain; the target alone is 1 on both sides), per group: the
+median per request of the target alone's time over the method's (per dataset, the median),
+measured, simulated on the machine and simulated up front, and the simulation's relative
+error; and the share of the method's cycles that drafted, measured and simulated (where they
+part for auto, the router chose otherwise). Overall ('all'): the target alone's time over
+the method's, each summed over every request (pooled), shown beside the groups and not
+checked. `ok` when every group's error on the machine, auto's and its fixed chain's, is
+within `max_error`: neither aggregate over groups measures the simulation's error. A median
+over requests of groups as far apart as documents (near 1x) and code editing (several times)
+lands between the two clusters and moves with a request or two; a pooled ratio is dominated
+by the slowest requests, and for the fixed chains (each group's own: no one chain) those are
+a long-draft chain over a real text that left the recorded one, which the replay, on the
+recorded text, cannot see (docs/journal.md, "The simulator on the copy workloads").
 
 What a real run has that the simulation does not (simulate.py's list) shows up here as
-error: the Python work per cycle, this machine's timing noise (the target alone's two runs
-of one request differ by up to 30% on the 2-core EPYC of docs/journal.md: use
---repeats on a noisy machine), near-ties that make a real run write another text.
+error: the Python work per cycle, this machine's timing noise (two runs of one request can
+differ by tens of percent on a shared 2-core CPU, docs/journal.md: use --repeats on a noisy
+machine), near-ties that make a real run write another text.
 """
 
 from __future__ import annotations
@@ -62,17 +61,16 @@ from specrouter.sim.simulate import (ALONE, AUTO, Prediction, candidate_chains, 
 from specrouter.sim.trace import Trace
 
 MAX_ERROR = 0.10
-#: Forwards timed per size for the profile both sides take (the router's default, 3, left
-#: entries of one machine 5-15% apart between two profiles, and the replay's machine is
-#: its profile); fitted non-decreasing in n. Batch tables are not measured (batch 1 here).
+#: Forwards timed per size for the profile both sides take (more than the router's default,
+#: 3: the replay's machine is its profile, and a median of few forwards moves with the
+#: machine's noise); fitted non-decreasing in n. Batch tables are not measured (batch 1 here).
 PROFILE_REPEATS = 9
-#: What both sides time (a report says it; results from before it timed otherwise).
+#: What both sides time, as a report states it (results compare only where it matches).
 TIMED = ("from each run's first streamed text to its end, on both sides (the first cycle, with the prefill, "
          "outside both); the replay prices every token fed after it")
 #: The method validated beside auto: the best fixed chain of each group.
 FIXED = "best fixed chain"
-#: What 'all' is (a report says it; results from before it was the median over every
-#: request, and checked).
+#: What 'all' is, as a report states it (results compare only where it matches).
 OVERALL = "the target alone's time over the method's, each summed over every request (pooled)"
 
 
