@@ -28,6 +28,7 @@ BENCHMARKS = (
     Benchmark("draft-stop-replay", "draft_stop_replay", "the confidence draft stop replayed on recorded text"),
     Benchmark("fleet", "fleet", "the single-process server against `serve --ray`, over HTTP"),
     Benchmark("host-work", "host_work", "the engine's own work per cycle, on models that cost nothing"),
+    Benchmark("hostile", "hostile", "the server driven as a hostile client: answers, hangs and drops per item"),
     Benchmark("prefill-stall", "prefill_stall", "a stream's gaps while a long prompt arrives (chunked prefill)"),
     Benchmark("router-work", "router_work", "the router's own host time per choice, alone and in batches"),
     Benchmark("serving", "serving", "throughput and latency against concurrency: target alone and auto"),

@@ -192,6 +192,11 @@ class SequenceState:
                 self._backends[key].remove(self._slots[key], keep)
                 del cached[keep:]
 
+    def shares_a_cache(self) -> bool:
+        """Whether a model holds cells of this sequence in a cache shared with other
+        sequences (Backend.shared_cache)."""
+        return any(b.shared_cache for b in self._backends.values())
+
     def release(self) -> None:
         """Free every model's slot (finished or cancelled request)."""
         for key, seq in self._slots.items():

@@ -74,6 +74,10 @@ class Backend(ABC):
     params_b: float = 0.0
     #: Whether decode_batch evaluates sequences together (else it costs the sum of its items).
     batches_natively: bool = False
+    #: Whether the sequences share one KV cache, so that where a sequence's cells lie, and so
+    #: how its attention rounds, depends on the cells other sequences hold (llama.cpp's
+    #: unified cache); False where each sequence's cache is its own.
+    shared_cache: bool = False
     #: The backend's family in timing keys and messages.
     kind: ClassVar[str] = "backend"
     #: The model file or folder, None for a model built in memory.

@@ -229,6 +229,11 @@ class LlamaCppBackend(ForwardBackend):
         _ll.llama_memory_seq_cp(self._mem, src, dst, 0, n)
         return True
 
+    @property
+    def shared_cache(self) -> bool:
+        """The unified cache of default mode; exact mode gives each sequence a stream."""
+        return not self.exact
+
     def free_sequence(self, seq: int) -> None:
         _ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
         if seq not in self._free_slots:

@@ -29,6 +29,12 @@ their models, so the pool must have `capacity` slots per model beyond the batch'
 (n_seq_max = max_batch + capacity); in a unified llama.cpp cache, cells shared with live
 requests are counted once. `capacity` 0 keeps nothing: every state is released at once.
 
+Reproducible requests (SeqRequest.reproducible: a seeded one) never resume, their numbers
+must not depend on what was served before; and where kept states share a cache with them
+(Backend.shared_cache: llama.cpp's unified cache, whose attention rounds by where a
+sequence's cells lie) one admitted while nothing else runs has them released first
+(release_shared): its cells then lie where they would on a fresh server.
+
 Partitions: every kept state belongs to the partition of the request that wrote it, and a
 request resumes only from states of its own partition ("" unless its caller says otherwise;
 the server derives it from the API key presented and the request's `cache_salt`). A prefix
@@ -121,6 +127,13 @@ class PrefixCache:
             self._kept.append(best)  # most recently used
         self.stats.hits += taken
         return taken
+
+    def release_shared(self) -> None:
+        """Release every kept state holding cells in a shared cache (SequenceState.shares_a_cache):
+        a request that must compute as on a fresh server (a reproducible one, admitted alone) then
+        finds its cells where it would there. States in caches of their own stay."""
+        for kept in [k for k in self._kept if k.state.shares_a_cache()]:
+            self._drop(kept)
 
     def _drop(self, kept: _Kept) -> None:
         self._kept.remove(kept)

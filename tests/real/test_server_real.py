@@ -172,6 +172,26 @@ def test_a_seeded_request_repeats_whatever_was_served_in_between(server):
         assert len(answers) == 1, (speculation, answers)
 
 
+def test_a_seeded_request_repeats_after_long_prompts_were_kept(server):
+    """On default kernels every sequence's cells lie in one unified cache, and a long
+    prompt's caches kept for later requests move where a new sequence's cells lie, and so
+    its logprobs. A seeded request admitted alone releases the kept caches first and computes
+    as on a fresh server: the same text and logprobs after each long prompt."""
+    client = server[2]
+    messages = [{"role": "user", "content": "Write a Python function that returns the n-th Fibonacci number."}]
+
+    def seeded() -> tuple:
+        r = client.chat.completions.create(model=TARGET, messages=messages, temperature=1.0, seed=1234, max_tokens=6,
+                                           logprobs=True, extra_body={"speculation": "off"})
+        return r.choices[0].message.content, tuple(t.logprob for t in r.choices[0].logprobs.content)
+
+    first = seeded()
+    for words in (300, 700):
+        client.chat.completions.create(model=TARGET, max_tokens=2, temperature=0, extra_body={"speculation": "off"},
+                                       messages=[{"role": "user", "content": "word " * words}])
+        assert seeded() == first, words
+
+
 def test_sigint_shuts_down_cleanly(server):
     _, proc, _ = server
     proc.send_signal(signal.SIGINT)

@@ -136,6 +136,78 @@ def test_a_backend_that_cannot_share_hands_over_the_kept_slot_itself():
     assert target.live_sequences == small.live_sequences == 0
 
 
+class Placed(SyntheticBackend):
+    """A cache shared by every sequence, as llama.cpp's unified one: a new sequence's cells
+    lie after those the others hold, and its logits round by where they lie (a perturbation
+    of one token's logit that grows with the cells before its first)."""
+
+    shared_cache = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._offset: dict[int, int] = {}
+
+    def new_sequence(self) -> int:
+        seq = super().new_sequence()
+        self._offset[seq] = sum(len(self.kv_tokens(s)) for s in self._offset)
+        return seq
+
+    def free_sequence(self, seq: int) -> None:
+        super().free_sequence(seq)
+        self._offset.pop(seq, None)
+
+    def _extend(self, seq, tokens, pos, n_logits) -> np.ndarray:
+        rows = super()._extend(seq, tokens, pos, n_logits)
+        rows[:, 0] += 1e-3 * self._offset[seq]
+        return rows
+
+
+def _served(scheduler: BatchScheduler, rid: str, request: SeqRequest):
+    scheduler.add(rid, request)
+    return finished(drain(scheduler)[rid])
+
+
+def test_a_reproducible_request_alone_computes_as_on_a_fresh_server_over_a_shared_cache():
+    """The seed contract over a shared cache: kept states hold cells there, which would move
+    a new sequence's cells and so its logits (Placed); a reproducible (seeded) request
+    admitted with nothing else running releases them first, and writes the same tokens with
+    the same logprobs each time, whatever was served before. Other requests still resume
+    from kept states."""
+    target = Placed("target", vocab=VOCAB, eos_id=VOCAB - 1, params_b=1.5)
+    cache = PrefixCache(4)
+    scheduler = BatchScheduler(lambda r: Chain([target], []), max_batch=2, prefix_cache=cache)
+
+    def seeded(rid: str):
+        result = _served(scheduler, rid, SeqRequest(FIRST, SamplingParams(temperature=1.0, seed=1234), 12,
+                                                    logprobs=0, reproducible=True))
+        return result.token_ids, [t.logprob for t in result.logprobs]
+
+    first = seeded("seeded 0")
+    for i in range(3):
+        other = _served(scheduler, f"other {i}", SeqRequest(FIRST[:20] + [i + 1] * (10 + 20 * i), SamplingParams(), 8))
+        assert other.cached_tokens == 20  # it resumed from the kept seeded state (and replaced it)
+        assert seeded(f"seeded {i + 1}") == first
+
+
+@pytest.mark.parametrize(("shared", "beside", "kept"), [(True, False, 1), (False, False, 3), (True, True, 4)])
+def test_a_reproducible_request_releases_kept_states_only_over_a_shared_cache_and_alone(shared, beside, kept):
+    """Kept states are released for a reproducible request only where they share its cache and it
+    is admitted alone; states in caches of their own, or a request running beside it (the
+    seed promises nothing then on a shared cache), leave them kept (two earlier requests, the
+    one beside it and the seeded one each leave a state)."""
+    target = (Placed if shared else SyntheticBackend)("target", vocab=VOCAB, eos_id=VOCAB - 1, params_b=1.5)
+    cache = PrefixCache(4)
+    scheduler = BatchScheduler(lambda r: Chain([target], []), max_batch=2, prefix_cache=cache)
+    for i in range(2):
+        _served(scheduler, f"other {i}", SeqRequest([i + 1] * 30, SamplingParams(), 4))
+    if beside:
+        scheduler.add("running", SeqRequest([9, 9, 9], SamplingParams(), 30))
+        scheduler.step()
+    scheduler.add("seeded", SeqRequest(FIRST, SamplingParams(temperature=1.0, seed=1), 4, reproducible=True))
+    drain(scheduler)
+    assert len(cache) == kept
+
+
 def test_router_sessions_resume_and_write_the_target_alone_greedy_output():
     """auto's sessions start from the models' kept caches (the router sees what they hold)."""
     target, mid, small = family()
