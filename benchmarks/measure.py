@@ -62,7 +62,8 @@ def run_routed(router, tokens: list[int], params: SamplingParams, max_tokens: in
     # Per-level numbers of a routed run mix chains: its record keeps the choices instead.
     record = {**_common(r), "accepted_per_block": [], "chains_per_cycle": r.chains_per_cycle,
               "chain_labels": [_label(names, ks) for names, ks in r.chains_used],
-              "lookup_blocks": dict(router.lookup_blocks), "lookup_accepted": dict(router.lookup_accepted)}
+              "lookup_blocks": {c: s.drafts for c, s in router.lookup_stats.items()},
+              "lookup_accepted": {c: s.accepted for c, s in router.lookup_stats.items()}}
     return record, r.token_ids
 
 

@@ -34,6 +34,7 @@ from specrouter.cascade.proposer import Draft, LengthPolicy, Proposer, confidenc
 from specrouter.cascade.sampling import SamplingParams, sample
 from specrouter.cascade.verify import residual, verify_greedy, verify_sampled
 from specrouter.errors import InvalidChainError, InvalidParameterError
+from specrouter.metrics import LevelStats
 from specrouter.ops.rows import ops_of
 from specrouter.state import SequenceState
 
@@ -98,62 +99,6 @@ def execute(calls: Sequence[tuple[SequenceState, EvalRequest]],
         state.fed(backend, item[1])
         request.fed, request.seconds, request.shared, request.batch = fed, seconds, j > 0, len(calls)
     return outputs
-
-
-@dataclass
-class LevelStats:
-    """One level's counters (cumulative; `since` gives what was added after a copy)."""
-
-    name: str
-    proposed: int = 0  # tokens this level handed to the level above
-    accepted: int = 0  # of those, how many the level above accepted
-    forwards: int = 0  # model calls (0 for the n-gram level)
-    seconds: float = 0.0  # wall time inside this level's calls
-    drafts: int = 0  # blocks of one or more tokens it handed up
-    #: [j]: the blocks whose first j + 1 tokens were accepted (vLLM's accepted tokens per position).
-    accepted_per_position: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance(self) -> float | None:
-        return self.accepted / self.proposed if self.proposed else None
-
-    def since(self, before: LevelStats) -> LevelStats:
-        """What was counted after `before` (an earlier copy of these counters)."""
-        per_position = [n - (before.accepted_per_position[j] if j < len(before.accepted_per_position) else 0)
-                        for j, n in enumerate(self.accepted_per_position)]
-        return LevelStats(self.name, self.proposed - before.proposed, self.accepted - before.accepted,
-                          self.forwards - before.forwards, self.seconds - before.seconds,
-                          self.drafts - before.drafts, per_position)
-
-    def add(self, other: LevelStats) -> None:
-        """Add another's counts to these (same level)."""
-        self.proposed += other.proposed
-        self.accepted += other.accepted
-        self.forwards += other.forwards
-        self.seconds += other.seconds
-        self.drafts += other.drafts
-        _add_positions(self.accepted_per_position, other.accepted_per_position)
-
-    def copy(self) -> LevelStats:
-        return LevelStats(self.name, self.proposed, self.accepted, self.forwards, self.seconds, self.drafts,
-                          list(self.accepted_per_position))
-
-    def as_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "proposed": self.proposed,
-            "accepted": self.accepted,
-            "acceptance": self.acceptance,
-            "forwards": self.forwards,
-            "seconds": round(self.seconds, 6),
-        }
-
-
-def _add_positions(counts: list[int], more: Sequence[int]) -> None:
-    if len(counts) < len(more):
-        counts.extend([0] * (len(more) - len(counts)))
-    for j, n in enumerate(more):
-        counts[j] += n
 
 
 def check_chain(names: Sequence[str], draft_lengths: Sequence[int] | None = None,
@@ -316,8 +261,7 @@ class CycleRunner:
     def _evaluate(self, i: int, tokens: list[int], n_logits: int):
         request = EvalRequest(i, self.chain.levels[i], tokens, n_logits)
         logits = yield request
-        self.stats[i].seconds += request.seconds
-        self.stats[i].forwards += 1
+        self.stats[i].observe_forward(request.seconds)
         if self.observer is not None:
             self.observer.on_forward(request.backend.name, request.fed, request.seconds, request.shared, request.batch)
         return logits
@@ -392,11 +336,7 @@ class CycleRunner:
                                             None if self.params.greedy else host(p))
         self._rows_done(i, len(rows), start)
         if i > 0:
-            lower = self.stats[i - 1]
-            lower.proposed += len(proposals)
-            lower.accepted += n_acc
-            lower.drafts += bool(proposals)
-            _add_positions(lower.accepted_per_position, [1] * n_acc)
+            self.stats[i - 1].observe_draft(len(proposals), n_acc)
             if i == 1 and n_below > 0:
                 self.chain.proposer.feedback(draft, n_acc)
             if draft.stopped:  # a draft its policy ended asked for no more: its end is no rejection to score

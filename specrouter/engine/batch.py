@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from specrouter.cascade.chain import EvalRequest, LevelStats, execute
+from specrouter.cascade.chain import EvalRequest, execute
 from specrouter.engine.phase import InPhase, StepModels
 from specrouter.engine.prefill import PREFILL_SHARE, ChunkedPrefill, Forward
 from specrouter.engine.prefix_cache import PrefixCache
@@ -44,6 +44,7 @@ from specrouter.engine.requests import Delta, Event, Failed, Finished, Planner, 
 from specrouter.engine.request import SequenceRun
 from specrouter.engine.speculation import Speculation
 from specrouter.errors import InvalidParameterError
+from specrouter.metrics import SpecStats
 
 #: The scheduler and the types it takes and gives (requests.py); Speculation for its callers.
 __all__ = ["BatchScheduler", "Delta", "Event", "Failed", "Finished", "KvUse", "Planner", "SeqRequest", "Speculation"]
@@ -58,16 +59,12 @@ class _Active:
     pending: EvalRequest | None = None  # the forward it waits for
     reported: int = 0  # tokens counted in Deltas so far
     waited: int = 0  # steps its pending forward has waited beyond the step it was due
-    counted: dict[str, LevelStats] = field(default_factory=dict)  # its level counters as last taken
+    counted: SpecStats = field(default_factory=SpecStats)  # its level counts as last taken
 
-    def spec_counts(self) -> list[LevelStats]:
-        """What its level counters added since the last call."""
-        out = []
-        for name, stats in self.run.stats.items():
-            before = self.counted.get(name)
-            out.append(stats.since(before) if before is not None else stats.copy())
-            self.counted[name] = stats.copy()
-        return out
+    def spec_counts(self) -> SpecStats:
+        """What its level counts added since the last call."""
+        added, self.counted = self.run.stats.since(self.counted), self.run.stats.copy()
+        return added
 
     def delta(self, rid: str, text: str, final: bool = False) -> Delta:
         tokens, self.reported = len(self.run.generated) - self.reported, len(self.run.generated)
@@ -126,8 +123,8 @@ class BatchScheduler:
         self._after: dict[str, str] = {}
         #: Per model name, how many of its calls served B sequences: {B: calls} (bounded, for long runs).
         self.batch_sizes: dict[str, Counter[int]] = {}
-        #: Per level, what the requests' counters added since take_spec_counts last ran.
-        self._spec: dict[str, LevelStats] = {}
+        #: Per level, what the requests' counts added since take_spec_counts last ran.
+        self._spec = SpecStats()
 
     @property
     def n_active(self) -> int:
@@ -147,19 +144,14 @@ class BatchScheduler:
                 u.sequences, u.tokens = u.sequences + 1, u.tokens + tokens
         return use
 
-    def take_spec_counts(self) -> dict[str, LevelStats]:
-        """Per level, what every request's counters (drafts, proposed and accepted tokens,
-        forwards) added since the last call: live speculation metrics, cycle by cycle."""
-        out, self._spec = self._spec, {}
+    def take_spec_counts(self) -> SpecStats:
+        """Per level, what every request's counts (drafts, proposed and accepted tokens per
+        position, forwards) added since the last call: live speculation metrics, cycle by cycle."""
+        out, self._spec = self._spec, SpecStats()
         return out
 
     def _count(self, a: _Active) -> None:
-        for stats in a.spec_counts():
-            total = self._spec.get(stats.name)
-            if total is None:
-                self._spec[stats.name] = stats
-            else:
-                total.add(stats)
+        self._spec = self._spec + a.spec_counts()
 
     def add(self, request_id: str, request: SeqRequest) -> None:
         """Queue a request; bad input raises here (SpecRouterError), before anything runs."""

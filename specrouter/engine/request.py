@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specrouter.backends.base import Backend
-from specrouter.cascade.chain import Chain, CycleRunner, LevelStats
+from specrouter.cascade.chain import Chain, CycleRunner
 from specrouter.cascade.grammar import Constraint
 from specrouter.cascade.logprobs import TokenLogprob
 from specrouter.cascade.penalties import History, penalized
@@ -30,6 +30,7 @@ from specrouter.cascade.verify import residual
 from specrouter.engine.chain_router import ChainRouter, as_router
 from specrouter.engine.checks import check_logit_bias, check_logprobs, check_max_tokens, check_prompt, check_stop
 from specrouter.engine.text import TextTracker
+from specrouter.metrics import LevelStats, SpecStats
 from specrouter.state import SequenceState
 
 
@@ -40,6 +41,8 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or stop string) or "length" (max_tokens or context full)
     chain: list[str]
     draft_lengths: list[int]
+    #: The counts of every level that ran (each once, over every chain it ran in), cheapest
+    #: first, target last (metrics.py): what the CLI's JSON and the server's usage show.
     levels: list[LevelStats]
     cycles: int
     prompt_tokens: int
@@ -106,8 +109,8 @@ class SequenceRun:
         self.n_ctx = min(m.n_ctx for m in self.router.models)
         self.eos_ids = self.router.target.eos_ids
         self.state = SequenceState()
-        # Statistics per model name, shared by every chain that model runs in.
-        self.stats: dict[str, LevelStats] = {}
+        # Counts per level name, shared by every chain that level runs in.
+        self.stats = SpecStats()
         self._used: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
         self._per_cycle: list[int] = []
         self.router.start(params, len(prompt_tokens), max_tokens)
@@ -150,7 +153,7 @@ class SequenceRun:
         current = self.router.choose(len(self.context), self.room, self.state.committed_lengths(self.context),
                                      self.context, forced)
         self.router.on_choice(self.clock() - start)
-        levels = [self.stats.setdefault(lv.name, LevelStats(lv.name)) for lv in current.levels]
+        levels = [self.stats.level(lv.name) for lv in current.levels]
         if self.history is not None:
             self.history.sync(self.context)
         runner = CycleRunner(current, self.state, self.params, self.rng, stats=levels,

@@ -123,7 +123,7 @@ class EngineReplica:
     def report(self) -> Report:
         service, acceptance = self.engine.service, self.engine.router.acceptance
         return Report(self.name, self._node, acceptance.snapshot(), service.metrics.exposition(), service.alive,
-                      learned=acceptance.learned())
+                      learned=acceptance.learned(), spec=service.metrics.spec_stats)
 
     def _report_loop(self) -> None:
         while True:

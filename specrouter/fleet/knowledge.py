@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from specrouter.metrics import SpecStats
 from specrouter.router.estimates.learned import PairEstimate, pool_estimates
 
 
@@ -53,6 +54,8 @@ class Report:
     alive: bool = True
     #: The scores it observed itself since it started (AcceptanceEstimator.learned()).
     learned: list[PairEstimate] = field(default_factory=list)
+    #: Its speculation counts since it started (server/metrics.Metrics.spec_stats).
+    spec: SpecStats = field(default_factory=SpecStats)
 
 
 class FleetKnowledge:

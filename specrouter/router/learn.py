@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+from specrouter.metrics import LevelStats
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.estimates.acceptance import AcceptanceEstimator, pair_score
 from specrouter.router.estimates.costs import OnlineCosts
@@ -48,8 +49,9 @@ class CycleLearner:
         self._first_row: dict[str, object] = {}
         self._ngram_x, self._ngram_class = ngram_x, ngram_class
         self._ngram_scored: set[str] = set()  # verifiers it was scored against this cycle
-        self._fwd_seconds = 0.0
-        self._fwd_count = 0
+        #: The cycle's model calls and the seconds inside them, all its models together, in
+        #: the order reported (counted as a level's are; the lookup makes no calls).
+        self._models = LevelStats("models")
         self._rows_seconds = 0.0
 
     # CycleRunner's observer protocol -------------------------------------------------------
@@ -57,8 +59,7 @@ class CycleLearner:
         if not shared:  # a batched call teaches the shared costs once, not once per sequence
             self.costs.observe(level, n_tokens, seconds, batch)
         if level != self.lookup:
-            self._fwd_seconds += seconds
-            self._fwd_count += 1
+            self._models.observe_forward(seconds)
 
     def on_rows(self, level: str, rows: int, seconds: float) -> None:
         self.costs.observe_rows(self.row_kind, rows, seconds)
@@ -89,8 +90,9 @@ class CycleLearner:
         self.acceptance.advance(len(new_tokens))
         if self._ngram_x is not None and self.target not in self._ngram_scored:
             self._shadow_ngram_on_output(new_tokens)
-        if self._fwd_count and batch_size == 1:
-            overhead = max(0.0, (seconds - self._fwd_seconds - self._rows_seconds) / self._fwd_count)
+        models = self._models
+        if models.forwards and batch_size == 1:
+            overhead = max(0.0, (seconds - models.seconds - self._rows_seconds) / models.forwards)
             self.overhead += self.config.overhead_alpha * (overhead - self.overhead)
             self.costs.set_overhead(self.overhead)
         if ran is not None:

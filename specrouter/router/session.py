@@ -21,7 +21,6 @@ there to measure the pair.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from specrouter.backends.base import Backend
@@ -32,6 +31,7 @@ from specrouter.drafters.lookup import Handed
 from specrouter.drafters.memory import MemoryScope, SuffixMemory
 from specrouter.drafters.ngram import NGRAM_NAME
 from specrouter.errors import InvalidParameterError
+from specrouter.metrics import SpecStats
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
 from specrouter.router.draft_stop import ConfidenceStop
 from specrouter.router.estimates.acceptance import AcceptanceEstimator
@@ -207,10 +207,9 @@ class Router:
         self.decisions: list[DecisionRecord] = []  # per request
         self._match: str | None = None  # the match class of this cycle's lookup (None: no match)
         self._output: list[int] = []  # what the request's cycles emitted (for the memory)
-        #: Per match class of the lookup, the blocks it drafted in this request and the tokens
-        #: accepted of them (plain counters, for reports: which source drafted, and how well).
-        self.lookup_blocks: Counter[str] = Counter()
-        self.lookup_accepted: Counter[str] = Counter()
+        #: Per match class of the lookup, what it drafted in this request and how much of it
+        #: was accepted (for reports: which source drafted, and how well).
+        self.lookup_stats = SpecStats()
 
     def finish(self) -> None:
         """End of a request: its output joins the cross-request memory (in its scope: nowhere
@@ -301,8 +300,7 @@ class Router:
     def on_verify(self, proposer: str, verifier: str, proposals, q, p, n_accepted: int, requested: int,
                   match_class: str | None = None) -> None:
         if proposer == self.lookup and match_class is not None:
-            self.lookup_blocks[match_class] += 1
-            self.lookup_accepted[match_class] += n_accepted
+            self.lookup_stats.level(match_class).observe_draft(len(proposals), n_accepted)
         self.learner.on_verify(proposer, verifier, proposals, q, p, n_accepted, requested, match_class)
 
     def end_cycle(self, new_tokens: Sequence[int], seconds: float) -> None:

@@ -7,9 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from specrouter.cascade.chain import LevelStats
 from specrouter.cascade.logprobs import TokenLogprob, finite
 from specrouter.engine.request import GenerationResult
+from specrouter.metrics import SpecStats
 from specrouter.server.api_requests import ToolCall
 
 
@@ -52,13 +52,11 @@ class Usage(BaseModel):
         """A request's usage over its choices (n): the prompt once, every choice's tokens, and
         the speculation of all of them together (chain: the one that ran the most cycles)."""
         chains: dict[tuple[tuple[str, ...], tuple[int, ...]], int] = {}
-        levels: dict[str, LevelStats] = {}
         for r in results:
             for i, (c, k) in enumerate(r.chains_used):
                 key = (tuple(c), tuple(k))
                 chains[key] = chains.get(key, 0) + r.chains_per_cycle.count(i)
-            for stats in r.levels:
-                levels.setdefault(stats.name, LevelStats(stats.name)).add(stats)
+        levels = SpecStats.of(s for r in results for s in r.levels)
         target = results[0].levels[-1].name if results[0].levels else None
         ordered = [s for s in levels.values() if s.name != target] + ([levels[target]] if target in levels else [])
         top = max(chains, key=chains.get) if chains else (tuple(results[0].chain), tuple(results[0].draft_lengths))

@@ -1,27 +1,29 @@
 """Prometheus metrics of one server, named like vLLM's where the meaning matches.
 
 Speculation counters move cycle by cycle (the worker adds BatchScheduler.take_spec_counts
-after every step), so a long request's drafting shows while it runs; request counters move
-when a request ends. The router's own counters (how often its sessions deliberated or reused
-a recent decision: router/policy/pacing.py) stay where the router keeps them and are read at each
-scrape (ChoiceCollector), and so do the prefix cache's (PrefixCacheCollector). Each Metrics
-has its own registry, so several servers (tests) in one process never share counters.
+after every step to the server's SpecStats, specrouter/metrics.py), so a long request's
+drafting shows while it runs; SpecCollector writes them at each scrape, and writes a fleet's
+replicas' the same way (fleet/metrics.py). Request counters move when a request ends. The
+router's own counters (how often its sessions deliberated or reused a recent decision:
+router/policy/pacing.py) stay where the router keeps them and are read at each scrape
+(ChoiceCollector), and so do the prefix cache's (PrefixCacheCollector). Each Metrics has its
+own registry, so several servers (tests) in one process never share counters.
 Counters are exposed with prometheus_client's `_total` suffix, as vLLM's are (e.g.
 specrouter:spec_decode_num_draft_tokens_total{level="qwen2.5-coder-0.5b"}).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from specrouter.cascade.chain import LevelStats
 from specrouter.engine.batch import KvUse
 from specrouter.engine.prefix_cache import PrefixCacheStats
 from specrouter.engine.request import GenerationResult
+from specrouter.metrics import SpecStats
 from specrouter.router.policy.pacing import ChoicePacing
 
 # vLLM's buckets: from one fast token to a long prompt on a busy CPU.
@@ -54,18 +56,9 @@ class Metrics:
         self.success = Counter(p + "request_success", "Finished requests.", ["finished_reason"], registry=reg)
         self.failure = Counter(p + "request_failure", "Requests that did not finish (queue_full, invalid, "
                                "cancelled, timeout, error, stopped).", ["reason"], registry=reg)
-        # Speculation, counted cycle by cycle while requests run (vLLM's names; per level).
-        self.drafts = Counter(p + "spec_decode_num_drafts", "Blocks a level proposed to the level above it.",
-                              ["level"], registry=reg)
-        self.draft_tokens = Counter(p + "spec_decode_num_draft_tokens", "Tokens a level proposed to the level "
-                                    "above it.", ["level"], registry=reg)
-        self.accepted_tokens = Counter(p + "spec_decode_num_accepted_tokens", "Proposed tokens the level above "
-                                       "accepted.", ["level"], registry=reg)
-        self.accepted_per_position = Counter(p + "spec_decode_num_accepted_tokens_per_pos", "Blocks whose token "
-                                             "at this position (0 first) and all before it were accepted.",
-                                             ["level", "position"], registry=reg)
-        self.forwards = Counter(p + "spec_decode_num_forwards", "Model calls per level (0 for ngram).", ["level"],
-                                registry=reg)
+        #: Speculation since the server started, counted cycle by cycle while requests run.
+        self.spec_stats = SpecStats()
+        reg.register(SpecCollector(lambda: [((), self.spec_stats)]))
         self.kv_sequences = Gauge(p + "kv_sequences", "Sequences holding KV cells in a model now.", ["model"],
                                   registry=reg)
         self.kv_tokens = Gauge(p + "kv_tokens", "Tokens held in a model's KV cache now, all sequences.", ["model"],
@@ -92,18 +85,10 @@ class Metrics:
             self.kv_tokens.labels(name).set(u.tokens)
         self._kv_models |= use.keys()
 
-    def spec(self, counts: Mapping[str, LevelStats]) -> None:
-        """What the levels did since the last call (BatchScheduler.take_spec_counts)."""
-        for s in counts.values():
-            if s.forwards:
-                self.forwards.labels(s.name).inc(s.forwards)
-            if s.drafts:  # a level that proposed (the target never does)
-                self.drafts.labels(s.name).inc(s.drafts)
-                self.draft_tokens.labels(s.name).inc(s.proposed)
-                self.accepted_tokens.labels(s.name).inc(s.accepted)
-                for j, n in enumerate(s.accepted_per_position):
-                    if n:
-                        self.accepted_per_position.labels(s.name, str(j)).inc(n)
+    def spec(self, counts: SpecStats) -> None:
+        """What the levels did since the last call (BatchScheduler.take_spec_counts). The sum
+        is a new object: a scrape reads one whole total, never one being added to."""
+        self.spec_stats = self.spec_stats + counts
 
     def finished(self, result: GenerationResult) -> None:
         self.success.labels(result.finish_reason).inc()
@@ -114,6 +99,52 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+#: A SpecCollector's counts: per source, the values of its extra labels (none for one
+#: server; a fleet's: the replica's name) and its speculation counts.
+SpecSources = Callable[[], Iterable[tuple[tuple[str, ...], SpecStats]]]
+
+#: The speculation families (vLLM's names, after specrouter:spec_decode_): help, labels.
+_SPEC_FAMILIES = {
+    "num_drafts": ("Blocks a level proposed to the level above it.", ("level",)),
+    "num_draft_tokens": ("Tokens a level proposed to the level above it.", ("level",)),
+    "num_accepted_tokens": ("Proposed tokens the level above accepted.", ("level",)),
+    "num_accepted_tokens_per_pos": ("Blocks whose token at this position (0 first) and all before it were "
+                                    "accepted.", ("level", "position")),
+    "num_forwards": ("Model calls per level (0 for ngram).", ("level",)),
+}
+
+
+class SpecCollector(Collector):
+    """Speculation counts (SpecStats) as counters, per level, read at each scrape: drafts,
+    draft tokens, accepted tokens, accepted tokens per draft position and model calls. A
+    level's drafting families have a sample once it drafted (the target never does), a
+    position once a draft's token there was accepted, its calls once it made one."""
+
+    #: The families it writes (a fleet writes these from its replicas' counts, not their text).
+    FAMILIES = tuple(f"specrouter:spec_decode_{name}" for name in _SPEC_FAMILIES)
+
+    def __init__(self, sources: SpecSources, labels: tuple[str, ...] = ()) -> None:
+        """labels: the extra labels, after the family's own; each source gives their values."""
+        self.sources, self.labels = sources, labels
+
+    def collect(self) -> Iterator[Metric]:
+        out = {name: CounterMetricFamily(f"specrouter:spec_decode_{name}", doc, labels=[*own, *self.labels])
+               for name, (doc, own) in _SPEC_FAMILIES.items()}
+        for values, stats in self.sources():
+            for s in stats.values():
+                level = [s.name, *values]
+                if s.drafts:
+                    out["num_drafts"].add_metric(level, s.drafts)
+                    out["num_draft_tokens"].add_metric(level, s.proposed)
+                    out["num_accepted_tokens"].add_metric(level, s.accepted)
+                for j, n in enumerate(s.accepted_per_position):
+                    if n:
+                        out["num_accepted_tokens_per_pos"].add_metric([s.name, str(j), *values], n)
+                if s.forwards:
+                    out["num_forwards"].add_metric(level, s.forwards)
+        yield from out.values()
 
 
 class ChoiceCollector(Collector):

@@ -7,7 +7,8 @@ nothing above. Every import counts: at module level, inside a function (a lazy i
 an arrow) and under `if TYPE_CHECKING:`. Importing `specrouter.a.b` also runs `specrouter.a`
 (its `__init__`), so it counts as an import of both.
 
-     0  errors, smoothing        plain definitions every layer uses: import nothing of the package
+     0  errors, smoothing,       plain definitions every layer uses: import nothing of the package
+        metrics                  (metrics: the speculation counts per level and draft position)
      1  ops, models, offload,    row arithmetic on numpy or torch rows (knows no backend); model
         allocator                files and downloads; GPU layer offload; the process's allocator
      2  backends, convert        models behind one interface (a backend registers its row kind
@@ -42,7 +43,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "specrouter"
 
 #: Every top-level module and subpackage of specrouter, by layer (lowest first).
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "smoothing"),
+    ("errors", "smoothing", "metrics"),
     ("ops", "models", "offload", "allocator"),
     ("backends", "convert"),
     ("state", "vocab", "chat", "chat_masking", "chat_tokens"),

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specrouter.fleet.affinity import affinity_ranks, rendezvous_order
 from specrouter.fleet.knowledge import FleetKnowledge, Report, pool_estimates
 from specrouter.fleet.metrics import fleet_exposition
+from specrouter.metrics import LevelStats, SpecStats
 from specrouter.router.estimates.acceptance import AcceptanceEstimator
 from specrouter.router.config import DEFAULT_CONFIG
 from specrouter.router.estimates.learned import PairEstimate
@@ -74,8 +75,9 @@ def test_fleet_metrics_label_every_sample_with_its_replica():
     a, b = Metrics(), Metrics()
     a.generation_tokens.inc(5)
     b.generation_tokens.inc(7)
-    a.drafts.labels("small").inc(2)
-    text = fleet_exposition([Report("a", metrics=a.exposition()), Report("b", metrics=b.exposition())]).decode()
+    a.spec(SpecStats.of([LevelStats("small", drafts=2)]))
+    text = fleet_exposition([Report("a", metrics=a.exposition(), spec=a.spec_stats),
+                             Report("b", metrics=b.exposition(), spec=b.spec_stats)]).decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for fam in text_string_to_metric_families(text) for s in fam.samples}
     assert samples[("specrouter:generation_tokens_total", (("replica", "a"),))] == 5
@@ -83,6 +85,42 @@ def test_fleet_metrics_label_every_sample_with_its_replica():
     assert samples[("specrouter:spec_decode_num_drafts_total", (("level", "small"), ("replica", "a")))] == 2
     assert text.count("# TYPE specrouter:generation_tokens_total counter") == 1  # one family, not one per replica
     assert all("replica" in s.labels for fam in text_string_to_metric_families(text) for s in fam.samples)
+
+
+def test_fleet_speculation_metrics_are_each_replicas_reported_counts_once():
+    a, b = Metrics(), Metrics()
+    a.spec(SpecStats.of([LevelStats("small", proposed=9, accepted=5, forwards=9, seconds=0.5, drafts=3,
+                                    accepted_per_position=[2, 2, 1]), LevelStats("target", forwards=3)]))
+    text_before = a.exposition()  # its text lags its counts: the fleet writes the counts
+    a.spec(SpecStats.of([LevelStats("small", proposed=1, accepted=1, forwards=1, drafts=1,
+                                    accepted_per_position=[1])]))
+    b.spec(SpecStats.of([LevelStats("ngram", proposed=4, accepted=4, drafts=1, accepted_per_position=[1, 1, 1, 1]),
+                         LevelStats("small", proposed=2, forwards=2, drafts=1), LevelStats("target", forwards=2)]))
+    text = fleet_exposition([Report("a", metrics=text_before, spec=a.spec_stats),
+                             Report("b", metrics=b.exposition(), spec=b.spec_stats)]).decode()
+    listed = [(s.name.removeprefix("specrouter:spec_decode_num_"), tuple(sorted(s.labels.items())), s.value)
+              for fam in text_string_to_metric_families(text) for s in fam.samples
+              if s.name.startswith("specrouter:spec_decode_num_")]
+    assert len({(n, labels) for n, labels, _ in listed}) == len(listed)  # each sample once
+
+    def on(replica, level, position=None):
+        labels = {"level": level, "replica": replica, **({"position": position} if position else {})}
+        return tuple(sorted(labels.items()))
+
+    assert sorted(listed) == sorted([
+        ("drafts_total", on("a", "small"), 4), ("draft_tokens_total", on("a", "small"), 10),
+        ("accepted_tokens_total", on("a", "small"), 6), ("forwards_total", on("a", "small"), 10),
+        ("forwards_total", on("a", "target"), 3),
+        ("accepted_tokens_per_pos_total", on("a", "small", "0"), 3),
+        ("accepted_tokens_per_pos_total", on("a", "small", "1"), 2),
+        ("accepted_tokens_per_pos_total", on("a", "small", "2"), 1),
+        ("drafts_total", on("b", "ngram"), 1), ("draft_tokens_total", on("b", "ngram"), 4),
+        ("accepted_tokens_total", on("b", "ngram"), 4),
+        *(("accepted_tokens_per_pos_total", on("b", "ngram", str(j)), 1) for j in range(4)),
+        ("drafts_total", on("b", "small"), 1), ("draft_tokens_total", on("b", "small"), 2),
+        ("accepted_tokens_total", on("b", "small"), 0), ("forwards_total", on("b", "small"), 2),
+        ("forwards_total", on("b", "target"), 2),
+    ])
 
 
 REPLICAS = [f"r{i}" for i in range(5)]
