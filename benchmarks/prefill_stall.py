@@ -55,12 +55,13 @@ def one_run(pool: Pool, router_dir: Path, profile: Path | None, speculation: str
     scheduler = BatchScheduler(pool_planner(pool, TARGET, router), max_batch=2, prefill_share=share)
     spec = Speculation(speculation)
     scheduler.add("a", SeqRequest(stream, SamplingParams(), 1200, speculation=spec))
-    times, arrival, first = [], None, None
+    times, tokens, arrival, first = [], [], None, None
     while scheduler.n_active or scheduler.n_waiting:
         for event in scheduler.step():
             now = time.perf_counter()
             if event.request_id == "a" and isinstance(event, Delta):
                 times.append(now)
+                tokens.append(event.tokens)
                 if len(times) == 10:
                     scheduler.add("b", SeqRequest(long, SamplingParams(), 8, speculation=spec))
                     arrival = now
@@ -73,9 +74,13 @@ def one_run(pool: Pool, router_dir: Path, profile: Path | None, speculation: str
     before = float(np.median(gaps[:9]))
     during = [g for t, g in zip(times[1:], gaps) if arrival < t <= first] or [first - arrival]
     p90 = float(np.percentile(during, 90))
+    # Per token: a drafting cycle's gap carries several tokens (B's prompt aside, a longer gap).
+    per_token = [g / max(1, n) for t, g, n in zip(times[1:], gaps, tokens[1:]) if arrival < t <= first]
+    per_token_before = float(np.median([g / max(1, n) for g, n in zip(gaps[:9], tokens[1:10])]))
     return {"speculation": speculation, "share": share, "median_gap_before_s": round(before, 4),
             "max_gap_during_s": round(float(max(during)), 4), "p90_gap_during_s": round(p90, 4),
             "max_ratio": round(float(max(during)) / before, 2), "p90_ratio": round(p90 / before, 2),
+            "max_per_token_ratio": round(max(per_token or [first - arrival]) / per_token_before, 2),
             "gaps_during": len(during), "b_time_to_first_token_s": round(first - arrival, 3),
             "chunk_calls": scheduler.prefill.calls if scheduler.prefill else 0}
 
@@ -118,20 +123,23 @@ def main(argv: Sequence[str] | None = None) -> None:
 def markdown(result: dict) -> str:
     m = result["machine"]
     head = ["speculation", "prefill share", "A's median gap before (ms)", "max gap during (ms)", "max / median",
-            "p90 / median", "B's time to first token (s)", "calls with chunks"]
+            "p90 / median", "max / median per token", "B's time to first token (s)", "calls with chunks"]
     lines = [f"# Head-of-line blocking: a stream's gaps while a {result['prompt_tokens']}-token prompt arrives "
              f"({m['date']})", "",
              f"Machine: {m['cpu']}, {m['cores']} cores, llama-cpp-python {m['llama_cpp_python']}. Command: "
              f"`{m['command']}`. Default pool, target {TARGET} (q4, llama.cpp); both requests name the row's "
              "speculation (off: the target alone; auto: the server's router, a fresh suffix memory per run), "
              "greedy; runs interleaved over speculation and shares, in order. \"none\": the prompt is fed whole "
-             "(no chunked prefill). A gap is the time between two of A's deltas (one per cycle).", "",
+             "(no chunked prefill). A gap is the time between two of A's deltas (one per cycle); per token: a "
+             "gap over the tokens its delta carried (a drafting cycle's carries several), against the same before "
+             "B arrived.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
         lines.append("| " + " | ".join(str(x) for x in (
             r.get("speculation", "off"), "none" if r["share"] is None else r["share"],
             round(r["median_gap_before_s"] * 1e3, 1), round(r["max_gap_during_s"] * 1e3, 1), r["max_ratio"],
-            r["p90_ratio"], r["b_time_to_first_token_s"], r["chunk_calls"])) + " |")
+            r["p90_ratio"], r.get("max_per_token_ratio", ""), r["b_time_to_first_token_s"],
+            r["chunk_calls"])) + " |")
     if result.get("profile"):
         lines += ["", f"Router start: {result['router_start']}. "
                   + profile_line(result["profile"], TARGET, "auto")]

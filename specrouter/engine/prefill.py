@@ -72,10 +72,12 @@ from specrouter.smoothing import ema
 #: Share of a decoding call's time a chunk riding in it may add (so of a step's, and of a
 #: stream's cycle's). A forward's cost climbs in steps on a CPU (llama.cpp's GEMM takes rows
 #: in groups of 4, and each step is a good part of a one-token forward), so the controller
-#: hovers around its goal by a step: 0.5 keeps a stream's largest gap under 3x its median
-#: gap (benchmarks/results/prefill-stall-2026-12-02-xeon.md).
+#: hovers around its goal by a step: 0.5 aims a stream's largest gap at under 3x its median
+#: gap (benchmarks/results/prefill-stall-*).
 PREFILL_SHARE = 0.5
-FIRST_CHUNK = 4  # tokens per step at first, per model
+#: Tokens per step at first, per model: the least, since one row more can double a small call
+#: on a CPU; the controller grows it at most 2x a call where the calls allow more.
+FIRST_CHUNK = 1
 STARVE_STEPS = 8  # steps without a decoding forward on a model before its chunks run alone
 ALPHA = 0.3  # weight of a new timing in the EMAs of calls and steps without chunks
 WAIT = -1  # a forward that neither runs nor feeds a chunk this step

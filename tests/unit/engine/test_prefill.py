@@ -42,11 +42,15 @@ def test_more_long_heads_than_decoders_run_whole_and_say_nothing_of_a_decoding_s
     policy.timed(T, 5.0, whole=2, chunk_tokens=0)
     policy.timed(D, 1.0, whole=1, chunk_tokens=0)
     policy.step_done(6.0)
-    # As many prompts as streams: chunked again, sized on the 10 ms calls (goal 20 ms: a 4-token
-    # chunk taking 14 ms grows to ceil(4 x sqrt(20 / 14)) = 5; on a 5 s average it would double).
-    assert policy.plan([(T, 0), (T, 500)]) == [0, FIRST_CHUNK] and policy.calls == 0
-    policy.timed(T, 0.010 + 0.001 * FIRST_CHUNK, whole=1, chunk_tokens=FIRST_CHUNK)
-    assert policy.size(T) == 5
+    # As many prompts as streams: chunked again, sized on the 10 ms calls (goal 20 ms: a 1-token
+    # chunk taking 11 ms grows to ceil(1 x sqrt(20 / 11)) = 2, a 2-token one taking 12 ms to
+    # ceil(2 x sqrt(20 / 12)) = 3; on a 5 s average each would double).
+    assert FIRST_CHUNK == 1
+    assert policy.plan([(T, 0), (T, 500)]) == [0, 1] and policy.calls == 0
+    policy.timed(T, 0.011, whole=1, chunk_tokens=1)
+    assert policy.plan([(T, 0), (T, 500)]) == [0, 2]
+    policy.timed(T, 0.012, whole=1, chunk_tokens=2)
+    assert policy.size(T) == 3
 
 
 def test_a_model_no_decoder_uses_gets_chunks_only_after_starve_steps():
@@ -105,11 +109,11 @@ def test_a_call_shape_never_timed_runs_once_without_a_chunk_then_starts_from_the
     _timed_at(policy, 1, 0.012)
     prompt = Forward(T, 10_000)
     policy.plan([Forward(T, 0, 1, stream=True), prompt])
-    policy.timed(T, 0.020, whole=1, chunk_tokens=FIRST_CHUNK)  # goal 24 ms: grows to ceil(4 x sqrt(24 / 20)) = 5
+    policy.timed(T, 0.020, whole=1, chunk_tokens=FIRST_CHUNK)  # goal 24 ms: grows to ceil(1 x sqrt(24 / 20)) = 2
     assert policy.plan([Forward(T, 0, 4, stream=True), prompt]) == [0, WAIT]
     policy.timed(T, 0.018, whole=1, chunk_tokens=0)
-    assert policy.plan([Forward(T, 0, 4, stream=True), prompt]) == [0, 5]
-    assert policy.size(T, 1) == policy.size(T, 4) == policy.size(T) == 5
+    assert policy.plan([Forward(T, 0, 4, stream=True), prompt]) == [0, 2]
+    assert policy.size(T, 1) == policy.size(T, 4) == policy.size(T) == 2
 
 
 def test_each_call_shape_takes_a_chunk_sized_on_its_own_time_without_one():
