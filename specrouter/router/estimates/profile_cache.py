@@ -27,7 +27,7 @@ from tqdm import tqdm
 from specrouter.backends.base import Backend
 from specrouter.errors import InvalidParameterError
 from specrouter.router.config import DEFAULT_CONFIG, RouterConfig
-from specrouter.router.estimates.costs import LONG_CONTEXT, CostProfile, OnlineCosts
+from specrouter.router.estimates.costs import LONG_CONTEXT, PROFILED_CONTEXT, CostProfile, OnlineCosts
 from specrouter.router.estimates.persist import locked, write_atomic
 from specrouter.router.estimates.profiler import (CONTEXT_NS, PROFILE_BATCH_NS, PROFILE_BATCHES, PROFILE_NS, CpuSample,
                                                   busy, cpu_model, cpu_sample, holds_long_context, implausible,
@@ -279,19 +279,9 @@ class _Sitting:
         """Time what `todo` lists into `profile`, and cache what can be trusted."""
         config = self.config
         for backend, key in todo.tables:
-            bar.set_postfix_str(backend.name)
-            start = self.sample()
-            times = time_forwards(backend, self.ns, self.repeats, clock=self.clock, bar=bar)
-            table = profile.tables[backend.name] = {n: statistics.median(t) for n, t in times.items()}
-            why = busy(start, self.sample(), config=config) or unsteady(times, config) or implausible(table, config)
-            self._keep(backend, "", key, {str(n): s for n, s in table.items()}, why, "the profile")
+            profile.tables[backend.name] = self._time_table(backend, key, "", bar)
         for backend, key in todo.contexts:
-            bar.set_postfix_str(f"{backend.name} after {LONG_CONTEXT} tokens")
-            start = self.sample()
-            times = time_forwards(backend, CONTEXT_NS, self.repeats, clock=self.clock, bar=bar, context=LONG_CONTEXT)
-            long = profile.context_tables[backend.name] = {n: statistics.median(t) for n, t in times.items()}
-            why = busy(start, self.sample(), config=config) or unsteady(times, config) or implausible(long, config)
-            self._keep(backend, ".context", key, {str(n): s for n, s in long.items()}, why, "the context table")
+            profile.context_tables[backend.name] = self._time_table(backend, key, ".context", bar)
         for backend, key in todo.batched:
             bar.set_postfix_str(f"{backend.name} batched")
             start = self.sample()
@@ -302,10 +292,28 @@ class _Sitting:
             self._keep(backend, ".batch", key, {str(b): {str(n): s for n, s in t.items()} for b, t in batched.items()},
                        busy(start, self.sample(), config=config), "the batched profile")
 
-    def _keep(self, backend: Backend, kind: str, key: dict, table: dict, why: str | None, what: str) -> None:
-        """Cache a measured table, or say why it is used for this run only (`why`)."""
+    def _time_table(self, backend: Backend, key: dict, kind: str, bar: tqdm) -> dict[int, float]:
+        """Time a model's table of `kind` ("": the profile, ".context": after LONG_CONTEXT
+        cached tokens), cache it where it can be trusted, and return it."""
+        long = kind == ".context"
+        bar.set_postfix_str(f"{backend.name} after {LONG_CONTEXT} tokens" if long else backend.name)
+        start = self.sample()
+        times = time_forwards(backend, CONTEXT_NS if long else self.ns, self.repeats, clock=self.clock, bar=bar,
+                              context=LONG_CONTEXT if long else PROFILED_CONTEXT)
+        table = {n: statistics.median(t) for n, t in times.items()}
+        config = self.config
+        why = busy(start, self.sample(), config=config) or unsteady(times, config) or implausible(table, config)
+        self._keep(backend, kind, key, {str(n): s for n, s in table.items()}, why,
+                   "the context table" if long else "the profile", stacklevel=6)
+        return table
+
+    def _keep(self, backend: Backend, kind: str, key: dict, table: dict, why: str | None, what: str,
+              stacklevel: int = 5) -> None:
+        """Cache a measured table, or say why it is used for this run only (`why`; the warning
+        names the caller `stacklevel` frames up: the code that asked for the profile)."""
         if why:
-            warnings.warn(f"{what} of {backend.name} is used for this run only, not cached: {why}", stacklevel=5)
+            warnings.warn(f"{what} of {backend.name} is used for this run only, not cached: {why}",
+                          stacklevel=stacklevel)
         else:
             _write(_cache_file(self.directory, backend, kind), {"format": _FORMAT, "key": key, "table": table})
 
