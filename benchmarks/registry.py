@@ -36,6 +36,7 @@ BENCHMARKS = (
     Benchmark("structured", "structured", "forced tool calls and JSON schema answers, with and without speculation"),
     Benchmark("suffix-memory", "suffix_memory", "the cross-request suffix memory's size and speed"),
     Benchmark("torch-auto", "torch_auto", "auto over the fp32 torch target on short chat and summary answers"),
+    Benchmark("torch-runtime", "torch_runtime", "the static torch runtime against the eager one, fp32 1.5B target"),
     Benchmark("torch-target", "torch_target", "the fp32 torch target: chains, HF assisted generation, auto, oracle"),
 )
 

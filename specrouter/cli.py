@@ -16,6 +16,8 @@ from specrouter.cascade.grammar import Grammar
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
 from specrouter.cli_compare import compare_cmd
+from specrouter.cli_options import (cache_option, gpu_layers_option, profile_option, router_config_option,
+                                    torch_options)
 from specrouter.cli_sim import simulate
 from specrouter.cli_torch import convert
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
@@ -53,35 +55,6 @@ def main() -> None:
 main.add_command(compare_cmd)
 main.add_command(convert)
 main.add_command(simulate)
-
-
-_cache_option = click.option(
-    "--cache-dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Folder of pulled models (default: $SPECROUTER_CACHE or the user cache dir).",
-)
-
-_gpu_layers_option = click.option(
-    "--gpu-layers", multiple=True,
-    help="Layers of llama.cpp models offloaded to a GPU: N for every model, MODEL=N for one (repeatable; -1: all; "
-         "needs a GPU build of llama-cpp-python, `make setup GPU=cuda`).",
-)
-
-_profile_option = click.option(
-    "--profile", "profile_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Router costs from this JSON profile (`specrouter profile --json`, or the GPU check's) for the "
-         "models it names; the others are profiled here.",
-)
-_router_config_option = click.option(
-    "--router-config", "router_config_file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    default=None,
-    help="Tune the router with this TOML file of RouterConfig keys (docs/router.md lists them with their "
-         "defaults); keys left out keep their defaults.",
-)
 
 
 def _grammar(json_schema, regex: str | None, grammar) -> Grammar | None:
@@ -133,14 +106,15 @@ def _grammar(json_schema, regex: str | None, grammar) -> Grammar | None:
 @click.option("--exact", is_flag=True,
               help="Exact kernels for llama.cpp models: greedy output of every chain equals the target alone's bit for bit "
                    "(a one-token forward then costs a four-token one; docs/cascade-and-exactness.md).")
-@_gpu_layers_option
-@_profile_option
-@_router_config_option
-@_cache_option
+@torch_options
+@gpu_layers_option
+@profile_option
+@router_config_option
+@cache_option
 def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temperature, top_k, top_p, min_p,
              frequency_penalty, presence_penalty, repetition_penalty, json_schema, regex, grammar, seed, max_tokens,
-             stop, n_ctx, threads, as_json, logprobs, exact, gpu_layers, profile_file, router_config_file,
-             cache_dir) -> None:
+             stop, n_ctx, threads, as_json, logprobs, exact, device, torch_runtime, gpu_layers, profile_file,
+             router_config_file, cache_dir) -> None:
     """Generate text with a chain of models."""
     if (prompt is None) == (chat is None):
         raise InvalidParameterError("give exactly one of --prompt TEXT or --chat TEXT")
@@ -165,7 +139,7 @@ def generate(prompt, chat, chain, target, explain, lookup, draft_lengths, temper
 
     router_config = RouterConfig.load(router_config_file) if router_config_file else DEFAULT_CONFIG  # before models load
     pool = Pool(cache_dir=cache_dir, n_ctx=n_ctx, n_threads=threads, n_seq_max=1, exact=exact,
-                gpu_layers=GpuLayers.parse(gpu_layers))
+                gpu_layers=GpuLayers.parse(gpu_layers), device=device or "cpu", torch_runtime=torch_runtime)
     router = None
     try:
         if auto:
@@ -271,7 +245,7 @@ def _summary(r: GenerationResult) -> str:
               help="The model-free drafter auto routes beside the models (default suffix).")
 @click.option("--n-ctx", type=int, help="Context window per sequence (default 4096).")
 @click.option("--threads", type=int, help="CPU threads per model (default: all cores).")
-@click.option("--device", help="Where torch models run: cpu (default), cuda, cuda:N.")
+@torch_options
 @click.option("--max-batch", type=int, help="Sequences generating at once (default 4).")
 @click.option("--prefix-cache", type=int, help="Finished requests whose KV caches are kept for later prompts that "
                                                "begin the same way, a chat's next turn (default: --max-batch; 0: none).")
@@ -318,10 +292,10 @@ def _summary(r: GenerationResult) -> str:
                                                      "(default 1).")
 @click.option("--affinity-slack", type=int, help="With --ray: ongoing requests a session's replica may carry above "
                                                  "the least loaded before its requests go elsewhere (default 2).")
-@_gpu_layers_option
-@_profile_option
-@_router_config_option
-@_cache_option
+@gpu_layers_option
+@profile_option
+@router_config_option
+@cache_option
 def serve_cmd(config_file, models, draft_lengths, gpu_layers, allowed_hosts, cors_origins, served_model_name,
               profile_file, router_config_file, **options) -> None:
     """Serve the OpenAI-compatible HTTP API (needs the `serve` extra; --ray also the `ray` extra)."""
@@ -364,7 +338,7 @@ def _names(flag: str | None) -> list[str] | None:
 @main.command("pull")
 @click.argument("names", nargs=-1)
 @click.option("--verify", is_flag=True, help="Re-hash pulled files and report corruption.")
-@_cache_option
+@cache_option
 def pull_cmd(names, verify, cache_dir) -> None:
     """Download the default models (all of them when no NAME is given)."""
     for name in names or tuple(DEFAULT_POOL):
@@ -375,7 +349,7 @@ def pull_cmd(names, verify, cache_dir) -> None:
 
 
 @main.command("models")
-@_cache_option
+@cache_option
 def models_cmd(cache_dir) -> None:
     """List the default pool and whether each model is pulled."""
     for name, spec in DEFAULT_POOL.items():
@@ -393,17 +367,19 @@ def models_cmd(cache_dir) -> None:
 @click.option("--load", "load_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Show a saved profile (--json's, or the GPU check's) instead of measuring.")
 @click.option("--exact", is_flag=True, help="Profile the exact kernels (generate/serve --exact), kept apart from the default ones.")
-@_gpu_layers_option
-@_cache_option
-def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exact, gpu_layers, cache_dir) -> None:
+@torch_options
+@gpu_layers_option
+@cache_option
+def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exact, device, torch_runtime, gpu_layers,
+                cache_dir) -> None:
     """Measure (or show the cached) seconds of a forward over n tokens, per model."""
     from specrouter.router.estimates.profiler import PROFILE_BATCHES, profile_lookups
     from specrouter.router.estimates.profile_cache import load_or_profile, read_profile
 
     if load_file is not None:
-        if model_specs or force or exact or gpu_layers:
+        if model_specs or force or exact or gpu_layers or device or torch_runtime:
             raise InvalidParameterError("--load shows a saved profile: it measures nothing (no --models, --force, "
-                                        "--exact, --gpu-layers)")
+                                        "--exact, --gpu-layers, --device, --torch-runtime)")
         profile = read_profile(load_file)
     else:
         if repeats < 1:
@@ -412,7 +388,7 @@ def profile_cmd(model_specs, json_file, force, repeats, threads, load_file, exac
         if not specs:
             raise InvalidParameterError("no model to profile: run `specrouter pull`, or give --models")
         pool = Pool(cache_dir=cache_dir, n_ctx=512, n_threads=threads, n_seq_max=max(PROFILE_BATCHES), exact=exact,
-                    gpu_layers=GpuLayers.parse(gpu_layers))
+                    gpu_layers=GpuLayers.parse(gpu_layers), device=device or "cpu", torch_runtime=torch_runtime)
         try:
             models = [pool.model(s) for s in specs if s not in MODEL_FREE]
             profile = load_or_profile(models, repeats=repeats, force=force)

@@ -21,6 +21,7 @@ import click
 from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.chat import chat_prompt_tokens
+from specrouter.cli_options import cache_option
 from specrouter.drafters import DEFAULT_LOOKUP, MODEL_FREE
 from specrouter.engine import generate
 from specrouter.engine.chain_router import ChainRouter
@@ -132,8 +133,7 @@ def _router_folder(router_dir: Path | None) -> tuple[Path | None, str]:
 @click.option("--router-dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="The router's cost profile and acceptance estimates (default: the user cache, as generate "
                    "uses; a missing profile is measured there).")
-@click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
-              help="Folder of pulled models (default: $SPECROUTER_CACHE or the user cache dir).")
+@cache_option
 def compare_cmd(prompt, chat, target, lookup, max_tokens, n_ctx, threads, exact, router_dir, cache_dir) -> None:
     """Target alone vs --chain auto on one prompt.
 

@@ -8,10 +8,10 @@ import torch.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
+from specrouter.cli_options import cache_option
 from specrouter.convert import convert as convert_model
 from specrouter.convert import converted_dir, is_converted, split_torch_name
 from specrouter.errors import SpecRouterError, UnknownModelError
@@ -25,8 +25,7 @@ DEFAULT_CONVERT = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 @click.argument("names", nargs=-1)
 @click.option("--pull", "pull_missing", is_flag=True, help="Pull a model's GGUF first if it is missing.")
 @click.option("--force", is_flag=True, help="Convert again even if a converted folder exists.")
-@click.option("--cache-dir", type=click.Path(path_type=Path), default=None,
-              help="Folder of pulled models (default: $SPECROUTER_CACHE or the user cache dir).")
+@cache_option
 def convert(names, pull_missing, force, cache_dir) -> None:
     """Convert pulled GGUF models to torch (safetensors, float32), once.
 

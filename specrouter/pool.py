@@ -62,6 +62,9 @@ class Pool:
     device: str = "cpu"
     #: dtype of torch models given as a folder path (pool names carry their own).
     torch_dtype: str = "float32"
+    #: How torch models hold their KV: "eager" or "static" (backends/kv_runtime.py); None: the
+    #: device's default (static on cuda, eager on a CPU).
+    torch_runtime: str | None = None
     #: Exact kernels for llama.cpp models (backends/llamacpp.py): every verified row
     #: bit-identical to one-token decoding; torch models cannot join such a pool.
     exact: bool = False
@@ -126,7 +129,7 @@ class Pool:
         if self.exact:
             raise InvalidParameterError(f"exact mode covers llama.cpp models only, not the torch model {name} "
                                         "(docs/cascade-and-exactness.md)")
-        key = f"{folder.resolve()}|torch|{dtype}|{self.device}|{'weights' if weights else 'vocabulary'}"
+        key = f"{folder.resolve()}|torch|{dtype}|{self.device}|{self.torch_runtime}|{'weights' if weights else 'vocabulary'}"
         if key not in self._loaded:
             try:
                 from specrouter.backends.torch import TorchBackend  # needs the torch extra
@@ -135,7 +138,7 @@ class Pool:
 
             self._loaded[key] = TorchBackend(
                 folder, name=name, device=self.device, dtype=dtype, n_ctx=self.n_ctx,
-                n_seq_max=self.n_seq_max, n_threads=self.n_threads, weights=weights,
+                n_seq_max=self.n_seq_max, n_threads=self.n_threads, weights=weights, runtime=self.torch_runtime,
             )
         return self._loaded[key]
 

@@ -56,8 +56,9 @@ class TimingKey:
     n_threads: int | None = None
     #: The GPU the model runs on (its name), None on a CPU.
     gpu: str | None = None
-    #: Which kernels compute a forward: "default", or "exact" (llamacpp.py: every forward
-    #: padded to rows the batched kernels treat alike), whose costs differ.
+    #: Which kernels compute a forward: "default", "exact" (llamacpp.py: every forward
+    #: padded to rows the batched kernels treat alike) or "static" (the torch backend's static
+    #: runtime: bucketed forwards, CUDA graphs on a GPU), whose costs differ.
     kernels: str = "default"
 
 

@@ -2,10 +2,11 @@
 
 Same contract as the llama.cpp backend (base.py, whose ForwardBackend splits each call
 into catch-up forwards and one forward of every sequence's logit tail); `remove` drops
-positions [start, end). Each sequence owns one transformers
-`DynamicCache`; rollback crops it (torch_cache.py, which also batches several sequences'
-caches into one forward). Loading, and the checks of device, dtype and model folder, are
-torch_load.py's.
+positions [start, end). How the sequences' KV is held and fed is the runtime's
+(kv_runtime.py): `eager`, a transformers DynamicCache per sequence cropped on rollback
+(torch_cache.py), or `static`, KV preallocated per slot with bucketed forwards replayed as
+CUDA graphs on a GPU (torch_static.py). Loading, and the checks of device, dtype and model
+folder, are torch_load.py's.
 
 Token texts and pieces render as llama.cpp renders them (hf_tokens.py), so a GGUF
 model and its torch conversion are recognised as sharing a tokenizer.
@@ -16,7 +17,6 @@ the package works without the `torch` extra.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "(install the torch build that fits your machine first)"
     ) from exc
 
-from specrouter.backends.torch_cache import check_croppable, forward_batch, new_cache, truncate  # noqa: E402
+from specrouter.backends.kv_runtime import KVRuntime, check_runtime_name  # noqa: E402
+from specrouter.backends.torch_cache import DynamicKV, check_croppable  # noqa: E402
 from specrouter.backends.torch_load import (DTYPES, check_device, check_dtype_runs, check_runtime,  # noqa: E402
                                             dtype_name, load_folder)
 from specrouter.ops.rows_torch import register_tensors  # noqa: E402
@@ -74,6 +75,7 @@ class TorchBackend(ForwardBackend):
         n_threads: int | None = None,
         rows_on_device: bool | None = None,
         weights: bool = True,
+        runtime: str | None = None,
     ) -> None:
         """rows_on_device: hand the cascade its logits rows as tensors left on the device,
         which the cascade then warps, samples and verifies there (ops/rows_torch.py);
@@ -82,28 +84,32 @@ class TorchBackend(ForwardBackend):
         weights=False: the vocabulary only (tokenizer, chat template, context size, end
         tokens, logits width: what a fleet's ingress tokenizes with): the model's modules are
         built on torch's meta device from its config, no weight is read or allocated, and a
-        forward raises BackendError."""
+        forward raises BackendError. runtime: "eager" or "static" (kv_runtime.py; None: the
+        device's default)."""
         path = Path(path)
+        runtime = check_runtime_name(runtime, device)
         dev, tdtype = check_runtime(device, dtype, n_threads)
         model, tokenizer = load_folder(path, tdtype, weights)
         self.path = path
-        self._setup(model, tokenizer, name or path.name, dev, tdtype, n_ctx, n_seq_max, rows_on_device)
+        self._setup(model, tokenizer, name or path.name, dev, tdtype, n_ctx, n_seq_max, rows_on_device, runtime)
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, name: str = "torch", device: str = "cpu",
                    dtype: str = "float32", n_ctx: int = 4096, n_seq_max: int = 4,
-                   n_threads: int | None = None, rows_on_device: bool | None = None) -> TorchBackend:
+                   n_threads: int | None = None, rows_on_device: bool | None = None,
+                   runtime: str | None = None) -> TorchBackend:
         """Wrap a model and tokenizer already in memory (moved to device and dtype)."""
         self = cls.__new__(cls)
+        runtime = check_runtime_name(runtime, device)
         dev, tdtype = check_runtime(device, dtype, n_threads)
         if tokenizer is None:
             raise ModelFileError(f"{name}: a torch model needs a tokenizer")
         self.path = None
-        self._setup(model, tokenizer, name, dev, tdtype, n_ctx, n_seq_max, rows_on_device)
+        self._setup(model, tokenizer, name, dev, tdtype, n_ctx, n_seq_max, rows_on_device, runtime)
         return self
 
     def _setup(self, model: Any, tokenizer: Any, name: str, dev: torch.device, tdtype: torch.dtype,
-               n_ctx: int, n_seq_max: int, rows_on_device: bool | None) -> None:
+               n_ctx: int, n_seq_max: int, rows_on_device: bool | None, runtime: str) -> None:
         ForwardBackend.__init__(self)
         self.name = name
         self.device = dev
@@ -127,54 +133,44 @@ class TorchBackend(ForwardBackend):
         if self._n_tokens > self.n_vocab:
             raise ModelFileError(f"{name}: the tokenizer has {self._n_tokens} tokens but the model only {self.n_vocab} logits")
         self.params_b = sum(p.numel() for p in model.parameters()) / 1e9
-        self._caches: dict[int, Any] = {}
-        self._free_slots = list(range(n_seq_max))
+        self._kv = self._runtime(runtime)
         self._texts = HFTokenTexts(tokenizer, model, self.n_vocab)
         self.eos_ids = self._texts.eos_ids
         self._closed = False
 
-    def _new_cache(self) -> Any:
-        return new_cache(self._config)
+    def _runtime(self, runtime: str) -> KVRuntime:
+        if runtime == "eager" or not self.weights:
+            return DynamicKV(self._model, self._config, self.device, self.n_seq_max, self.name)
+        from specrouter.backends.torch_static import StaticKV
+
+        return StaticKV(self._model, self._config, self.device, self.dtype, self.n_seq_max, self.n_ctx, self.name,
+                        graphs=self.device.type == "cuda")
+
+    @property
+    def runtime(self) -> str:
+        """The KV runtime's name: "eager" or "static" (kv_runtime.py)."""
+        return self._kv.name
 
     # KV and compute (decode and decode_batch: ForwardBackend) -------------------------
     def _check_item(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> None:
         if not self.weights:
             raise BackendError(f"{self.name} was loaded without its weights (the vocabulary only): it runs no forward")
         super()._check_item(seq, tokens, pos, n_logits)
-        held = self._cache(seq).get_seq_length()
+        held = self._kv.length(seq)
         if pos != held:
             raise BackendError(f"{self.name}: decode at position {pos} but sequence {seq} holds {held} positions")
 
     def _feed(self, seq: int, tokens: Sequence[int], pos: int) -> None:
-        self._run(self._cache(seq), tokens, pos, 0)
+        self._kv.forward([(seq, tokens, pos, 0)])
 
     def _forward(self, runs: Sequence[Run]) -> list[np.ndarray]:
-        if len(runs) == 1:
-            seq, tokens, pos, n_logits = runs[0]
-            return [self._run(self._cache(seq), tokens, pos, n_logits)]
-        rows = forward_batch(self._model, self._config, [self._cache(seq) for seq, *_ in runs],
-                             [list(t) for _, t, _, _ in runs], self.device, self._rows, self.name)
-        return [r[len(r) - n_logits :] for r, (*_, n_logits) in zip(rows, runs)]
+        return [self._rows(r) for r in self._kv.forward(runs)]
 
     def _rollback(self, seq: int, pos: int) -> None:
-        if seq in self._caches:
-            truncate(self._caches[seq], pos)
-
-    def _run(self, cache: Any, tokens: Sequence[int], pos: int, n_logits: int) -> np.ndarray | None:
-        """One sequence's forward; its last n_logits rows (None for 0)."""
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
-        positions = torch.arange(pos, pos + len(tokens), device=self.device).unsqueeze(0)
         try:
-            with torch.inference_mode():
-                out = self._model(
-                    input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
-                    logits_to_keep=max(n_logits, 1),
-                )
-        except torch.cuda.OutOfMemoryError:
-            raise BackendError(f"{self.name}: out of GPU memory decoding {len(tokens)} tokens at {pos}") from None
-        if n_logits == 0:
-            return None
-        return self._rows(out.logits[0, -n_logits:])
+            self._kv.crop(seq, pos)
+        except BackendError:
+            pass  # the sequence is gone: nothing to roll back
 
     def _rows(self, logits: torch.Tensor) -> np.ndarray | torch.Tensor:
         """Logits as the cascade gets them: float32 on the device, or host numpy. Either way
@@ -187,46 +183,27 @@ class TorchBackend(ForwardBackend):
             torch.cuda.synchronize(rows.device)
         return rows
 
-    def _cache(self, seq: int) -> Any:
-        try:
-            return self._caches[seq]
-        except KeyError:
-            raise BackendError(f"{self.name}: sequence {seq} does not exist") from None
-
     def remove(self, seq: int, start: int) -> None:
-        cache = self._cache(seq)
-        held = cache.get_seq_length()
-        start = max(int(start), 0)
-        if start == 0:
-            self._caches[seq] = self._new_cache()
-        elif start < held:
-            cache.crop(start - held)  # transformers 5.x: a negative count of tokens to drop
+        self._kv.crop(seq, start)
 
     def new_sequence(self) -> int:
-        if not self._free_slots:
-            raise BackendError(f"{self.name}: all {self.n_seq_max} sequence slots are in use")
-        seq = self._free_slots.pop(0)
-        self._caches[seq] = self._new_cache()
-        return seq
+        return self._kv.new()
 
     def share_prefix(self, src: int, dst: int, n: int) -> bool:
-        """A copy of src's cache, cut to n positions (a DynamicCache's tensors are its own)."""
-        cache = copy.deepcopy(self._cache(src))
-        truncate(cache, n)
-        self._caches[dst] = cache
+        """dst holds src's first n positions (copied: each sequence's KV is its own)."""
+        self._kv.share(src, dst, n)
         return True
 
     def free_sequence(self, seq: int) -> None:
-        self._caches.pop(seq, None)
-        if seq not in self._free_slots and 0 <= seq < self.n_seq_max:
-            self._free_slots.append(seq)
+        self._kv.free(seq)
 
     def timing_key(self) -> TimingKey:
         gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
-        return TimingKey(self.kind, self.path, dtype_name(self.dtype), self.n_threads, gpu)
+        kernels = "default" if self._kv.name == "eager" else self._kv.name
+        return TimingKey(self.kind, self.path, dtype_name(self.dtype), self.n_threads, gpu, kernels)
 
     def kv_length(self, seq: int) -> int:
-        return int(self._cache(seq).get_seq_length())
+        return self._kv.length(seq)
 
     # Tokenizer -----------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -263,7 +240,7 @@ class TorchBackend(ForwardBackend):
     def close(self) -> None:
         if not getattr(self, "_closed", True):
             self._closed = True
-            self._caches.clear()
+            self._kv.close()
             self._model = None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

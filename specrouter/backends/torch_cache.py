@@ -1,5 +1,5 @@
-"""The torch backend's KV caches: one transformers `DynamicCache` per sequence, cropped back
-exactly, and several of them fed in one batched forward.
+"""The torch backend's eager runtime (kv_runtime.py): one transformers `DynamicCache` per
+sequence, cropped back exactly, and several of them fed in one batched forward.
 
 transformers 5.x changed `DynamicCache.crop`: it takes a *negative* count of tokens to drop
 (the 4.x meaning, "keep the first n", raises). Layers that cannot be cropped exactly
@@ -9,7 +9,8 @@ rather than rolled back approximately.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -43,10 +44,77 @@ def truncate(cache: Any, length: int) -> None:
             layer.crop(-extra)
 
 
+class DynamicKV:
+    """The eager runtime: a DynamicCache per sequence (kv_runtime.KVRuntime)."""
+
+    name = "eager"
+
+    def __init__(self, model: Any, config: Any, device: torch.device, slots: int, label: str) -> None:
+        self._model, self._config, self._device, self._label = model, config, device, label
+        self._slots = slots
+        self._caches: dict[int, Any] = {}
+        self._free = list(range(slots))
+
+    def new(self) -> int:
+        if not self._free:
+            raise BackendError(f"{self._label}: all {self._slots} sequence slots are in use")
+        seq = self._free.pop(0)
+        self._caches[seq] = new_cache(self._config)
+        return seq
+
+    def free(self, seq: int) -> None:
+        self._caches.pop(seq, None)
+        if seq not in self._free and 0 <= seq < self._slots:
+            self._free.append(seq)
+
+    def _cache(self, seq: int) -> Any:
+        try:
+            return self._caches[seq]
+        except KeyError:
+            raise BackendError(f"{self._label}: sequence {seq} does not exist") from None
+
+    def length(self, seq: int) -> int:
+        return int(self._cache(seq).get_seq_length())
+
+    def crop(self, seq: int, length: int) -> None:
+        cache = self._cache(seq)
+        if length <= 0:
+            self._caches[seq] = new_cache(self._config)
+        else:
+            truncate(cache, length)
+
+    def share(self, src: int, dst: int, n: int) -> None:
+        cache = copy.deepcopy(self._cache(src))  # a DynamicCache's tensors are its own
+        truncate(cache, n)
+        self._caches[dst] = cache
+
+    def forward(self, runs: Sequence[tuple[int, Sequence[int], int, int]]) -> list:
+        if len(runs) == 1:
+            seq, tokens, pos, n_logits = runs[0]
+            return [self._one(self._cache(seq), tokens, pos, n_logits)]
+        rows = forward_batch(self._model, self._config, [self._cache(seq) for seq, *_ in runs],
+                             [list(t) for _, t, _, _ in runs], self._device, self._label)
+        return [r[len(r) - n:] if n else None for r, (*_, n) in zip(rows, runs)]
+
+    def _one(self, cache: Any, tokens: Sequence[int], pos: int, n_logits: int) -> torch.Tensor | None:
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self._device)
+        positions = torch.arange(pos, pos + len(tokens), device=self._device).unsqueeze(0)
+        try:
+            with torch.inference_mode():
+                out = self._model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
+                                  logits_to_keep=max(n_logits, 1))
+        except torch.cuda.OutOfMemoryError:
+            raise BackendError(f"{self._label}: out of GPU memory decoding {len(tokens)} tokens at {pos}") from None
+        return out.logits[0, -n_logits:] if n_logits else None
+
+    def close(self) -> None:
+        self._caches.clear()
+
+
 def forward_batch(model: Any, config: Any, caches: list[Any], runs: list[list[int]], device: torch.device,
-                  rows: Callable[[torch.Tensor], Any], name: str) -> list:
+                  name: str) -> list:
     """Feed runs[i] to caches[i] in ONE forward of `model`; return every run's logits
-    (len(run), n_vocab) as `rows` hands them out.
+    (len(run), n_vocab) on the device.
 
     Layout, the usual one of batched generation with a cache: row i holds its past
     (p_i positions) left-padded to the longest past P, then its run right-padded to the
@@ -75,7 +143,7 @@ def forward_batch(model: Any, config: Any, caches: list[Any], runs: list[list[in
             )
         except torch.cuda.OutOfMemoryError:
             raise BackendError(f"{name}: out of GPU memory decoding {sum(lens)} tokens of {b} sequences") from None
-        logits = rows(out.logits)
+        logits = out.logits
         del out
         # Write back each row's real span (own past + own run, no padding) as the
         # sequence's cache, copied out so the padded tensors are freed layer by layer.

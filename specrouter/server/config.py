@@ -64,6 +64,9 @@ class ServeConfig(BaseModel):
     n_ctx: int = Field(4096, ge=16, description="context window per sequence")
     threads: int | None = Field(None, ge=1, description="CPU threads per model (default: all cores)")
     device: str = Field("cpu", description="where torch models run (cpu, cuda, cuda:N)")
+    torch_runtime: Literal["eager", "static"] | None = Field(
+        None, description="how torch models hold their KV and run: static (preallocated, bucketed, CUDA graphs on a "
+                          "GPU) or eager; default static on cuda, eager on a CPU")
     gpu_layers: list[str] = Field([], description="layers of llama.cpp models offloaded to a GPU: N for every model, "
                                                   "MODEL=N for one (-1: all; needs a GPU build of llama-cpp-python)")
     cache_dir: Path | None = Field(None, description="folder of pulled models")

@@ -40,7 +40,8 @@ def build_engine(config: ServeConfig) -> Iterator[Engine]:
     # One KV slot per model for every sequence that can run at once, and every one the prefix cache keeps.
     kept = config.kept_sequences
     pool = Pool(cache_dir=config.cache_dir, n_ctx=config.n_ctx, n_threads=config.threads,
-                n_seq_max=config.max_batch + kept, device=config.device, exact=config.exact, gpu_layers=config.offload)
+                n_seq_max=config.max_batch + kept, device=config.device, torch_runtime=config.torch_runtime,
+                exact=config.exact, gpu_layers=config.offload)
     try:
         router = auto_router(pool, config.served, config.models, profile_file=config.profile, lookup=config.lookup,
                              memory=config.suffix_memory(), config=config.router_settings())

@@ -52,10 +52,12 @@ def tiny_model(seed: int, vocab: int = 6, hidden: int = 16, layers: int = 2, ini
 
 
 def tiny_backend(seed: int, name: str | None = None, vocab: int = 6, device: str = DEVICE,
-                 dtype: str = "float32", rows_on_device: bool | None = None, **kw) -> TorchBackend:
+                 dtype: str = "float32", rows_on_device: bool | None = None, runtime: str = "eager",
+                 n_seq_max: int = 4, **kw) -> TorchBackend:
+    """runtime: the KV runtime, "eager" or "static" (backends/kv_runtime.py)."""
     return TorchBackend.from_model(tiny_model(seed, vocab, **kw), tiny_tokenizer(vocab),
                                    name=name or f"tiny{seed}", device=device, dtype=dtype,
-                                   rows_on_device=rows_on_device)
+                                   rows_on_device=rows_on_device, runtime=runtime, n_seq_max=n_seq_max)
 
 
 def host_backend(seed: int, name: str | None = None, **kw) -> TorchBackend:

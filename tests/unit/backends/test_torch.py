@@ -35,9 +35,9 @@ VOCAB = 6
 FOLDER_VOCAB = 8
 
 
-@pytest.fixture(scope="module")
-def model():
-    return host_backend(11)
+@pytest.fixture(scope="module", params=["eager", "static"])
+def model(request):
+    return host_backend(11, runtime=request.param)
 
 
 def test_decode_returns_logits_of_the_last_n_positions(model):
@@ -389,7 +389,7 @@ def test_a_forward_that_fails_halfway_leaves_the_cache_as_it_was(monkeypatch):
     with pytest.raises(RuntimeError, match="simulated"):
         m.decode(seq, [4, 5], 3, 1)  # layer 0 has already appended its KV for 4, 5
     monkeypatch.undo()
-    assert all(lay.get_seq_length() == 3 for lay in m._caches[seq].layers)
+    assert all(lay.get_seq_length() == 3 for lay in m._kv._caches[seq].layers)
     np.testing.assert_allclose(m.decode(seq, [4, 5], 3, 1)[0], full_forward_logits(m, [1, 2, 3, 4, 5]).numpy(), atol=ATOL)
 
 

@@ -26,9 +26,9 @@ ATOL = 1e-4
 CASES = [([], [1, 2, 3], 2), ([4, 5, 0, 1, 2], [3], 1), ([5, 5], [0, 1, 2, 3, 4], 5)]
 
 
-@pytest.fixture(scope="module")
-def model():
-    return host_backend(11)
+@pytest.fixture(scope="module", params=["eager", "static"])
+def model(request):
+    return host_backend(11, runtime=request.param)
 
 
 def _prefill(m, pasts):
@@ -60,7 +60,8 @@ def test_decode_batch_equals_decode_per_sequence(model):
             want = model.decode(ref[0], past + run, 0, n)
             np.testing.assert_allclose(out, want, atol=ATOL)
             assert model.kv_length(s) == len(past) + len(run)
-            assert all(layer.keys.shape[0] == 1 for layer in model._caches[s].layers)  # no batch rows left
+            if model.runtime == "eager":  # a DynamicCache keeps no padded batch rows
+                assert all(layer.keys.shape[0] == 1 for layer in model._kv._caches[s].layers)
         # Each cache is exactly decode()'s: continuing it equals a fresh sequence fed everything.
         for s, (past, run, _) in zip(seqs, CASES):
             context = past + run + [2, 4]
@@ -94,7 +95,8 @@ def test_a_failing_batch_leaves_every_cache_as_it_was(model, monkeypatch):
         def boom(*args, **kwargs):
             raise RuntimeError("simulated failure in layer 1")
 
-        monkeypatch.setattr(model._model.model.layers[1], "forward", boom)
+        # The MLP: the static runtime calls a layer's modules, not the layer's forward.
+        monkeypatch.setattr(model._model.model.layers[1].mlp, "forward", boom)
         with pytest.raises(RuntimeError, match="simulated"):  # seqs[1] has a catch-up head fed first
             model.decode_batch([(seqs[0], [4], 2, 1), (seqs[1], [5, 0, 1], 1, 1)])
         monkeypatch.undo()
@@ -133,12 +135,14 @@ def test_half_precision_batch_is_close_to_decode(dtype, tol):
         np.testing.assert_allclose(out, m.decode(ref, past + run, 0, n), atol=tol)
 
 
-def test_batch_scheduler_with_torch_chains_equals_generate_alone():
+@pytest.mark.parametrize("runtime", ["eager", "static"])
+def test_batch_scheduler_with_torch_chains_equals_generate_alone(runtime):
     """Greedy: every request gets the target's own output, with real multi-sequence calls."""
-    target = host_backend(31)
+    target = host_backend(31, runtime=runtime)
     prompts, lengths = [[0, 1, 2], [3, 4], [5, 0, 1, 2, 3], [2, 2]], [20, 9, 25, 14]
     alone = [generate(Chain([target], []), p, SamplingParams(), n).token_ids for p, n in zip(prompts, lengths)]
-    chain = Chain([NgramDrafter(max_ngram=2), host_backend(32), host_backend(33), target], [2, 3, 3])
+    chain = Chain([NgramDrafter(max_ngram=2), host_backend(32, runtime=runtime), host_backend(33, runtime=runtime),
+                   target], [2, 3, 3])
     scheduler = BatchScheduler(lambda r: chain, max_batch=4)
     for i, (p, n) in enumerate(zip(prompts, lengths)):
         scheduler.add(str(i), SeqRequest(p, SamplingParams(), n))

@@ -69,10 +69,14 @@ def chains():
     mid = tiny_backend(102, name="mid")
     small = tiny_backend(103, name="small")
     synthetic = SyntheticBackend("synthetic", vocab=VOCAB, model_seed=3, noise=1.5)
+    static = [tiny_backend(seed, name=name, runtime="static") for seed, name in ((103, "small"), (102, "mid"),
+                                                                                   (101, "target"))]
     return {
         "torch-2-level": Chain([small, target], [3]),
         "torch-3-level": Chain([small, mid, target], [2, 3]),
         "mixed-4-level": Chain([NgramDrafter(max_ngram=2), synthetic, mid, target], [2, 2, 3]),
+        # The static runtime (backends/torch_static.py): the same models, KV and forwards its own.
+        "static-3-level": Chain([NgramDrafter(max_ngram=2), *static], [2, 2, 3]),
     }
 
 
@@ -80,6 +84,7 @@ CASES = [
     ("torch-2-level", SamplingParams(temperature=1.0)),
     ("torch-3-level", SamplingParams(temperature=1.0, top_k=4)),
     ("mixed-4-level", SamplingParams(temperature=0.7, top_k=4, top_p=0.9)),
+    ("static-3-level", SamplingParams(temperature=0.9, top_p=0.9)),
 ]
 
 

@@ -118,10 +118,10 @@ def test_only_ids_and_scalars_reach_the_host(params):
     assert max(n for _, n in Audited.moved) <= 5, sorted(Audited.moved, key=lambda m: -m[1])[:3]
 
 
-def tiny_chains(rows_on_device: bool):
-    target = tiny_backend(101, name="target", rows_on_device=rows_on_device)
-    mid = tiny_backend(102, name="mid", rows_on_device=rows_on_device)
-    small = tiny_backend(103, name="small", rows_on_device=rows_on_device)
+def tiny_chains(rows_on_device: bool, runtime: str = "eager"):
+    target = tiny_backend(101, name="target", rows_on_device=rows_on_device, runtime=runtime)
+    mid = tiny_backend(102, name="mid", rows_on_device=rows_on_device, runtime=runtime)
+    small = tiny_backend(103, name="small", rows_on_device=rows_on_device, runtime=runtime)
     return target, [Chain([small, target], [3]), Chain([small, mid, target], [2, 3]),
                     Chain([NgramDrafter(max_ngram=2), small, target], [2, 4])]
 
@@ -149,6 +149,22 @@ def test_same_tokens_with_rows_on_host_or_device(params):
             assert d == h, (ch.names, seed)
             if params.greedy:
                 assert h == alone, (ch.names, seed)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.8, top_k=4, top_p=0.9)], ids=str)
+@pytest.mark.parametrize("rows_on_device", [False, True], ids=["host-rows", "device-rows"])
+def test_same_tokens_with_the_static_or_the_eager_runtime(params, rows_on_device):
+    """The static runtime's rows equal the eager one's to ~1e-6 (tests/unit/backends/
+    test_torch_static.py): under one seed every chain draws the same tokens with either."""
+    target_e, eager = tiny_chains(rows_on_device)
+    _, static = tiny_chains(rows_on_device, runtime="static")
+    for seed in range(3):
+        alone = generate(Chain([target_e], []), PROMPT, params, 30, rng=np.random.default_rng(seed)).token_ids
+        for ce, cs in zip(eager, static):
+            e = generate(ce, PROMPT, params, 30, rng=np.random.default_rng(seed)).token_ids
+            assert generate(cs, PROMPT, params, 30, rng=np.random.default_rng(seed)).token_ids == e, (ce.names, seed)
+            if params.greedy:
+                assert e == alone, (ce.names, seed)
 
 
 def test_router_learns_the_same_from_device_rows():
