@@ -82,7 +82,8 @@ BATCH_KS = (1, 2, 4, 8, 17)
 
 
 class _Tokenizer:
-    """Enough of a tokenizer for TorchBackend: the profile feeds token ids only."""
+    """Enough of a tokenizer for TorchBackend: the profile feeds token ids only (and the
+    router's profiler tokenizes its prefix text: one id per byte)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -93,6 +94,10 @@ class _Tokenizer:
 
     def __len__(self) -> int:
         return self.n
+
+    def __call__(self, text: str, **_) -> dict:
+        """One id per byte (what the router's profiler feeds: any ids cost the same)."""
+        return {"input_ids": [b % self.n for b in text.encode()]}
 
     def get_vocab(self) -> dict:
         return {}

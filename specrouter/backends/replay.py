@@ -91,6 +91,9 @@ class Vocabulary:
     def __init__(self, tokens: Iterable[int], eos_ids: Iterable[int] = ()) -> None:
         eos = sorted(set(eos_ids))
         ids = sorted(set(tokens) | set(eos))
+        #: The original id of each compact id below len(ids) (those from it on, an added EOS and
+        #: OFF, stand for no token of the original vocabulary).
+        self.ids = ids
         self._compact = {t: i for i, t in enumerate(ids)}
         self.eos_ids = frozenset(self._compact[t] for t in eos) if eos else frozenset({len(ids)})
         self.end = min(self.eos_ids)  # the EOS that ends an answer stopped at EOS
@@ -122,7 +125,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 @dataclass(frozen=True)
-class _Played:
+class Played:
     """A script made current, in compact ids: its path (prompt + answer), the rows along it
     (token, logit) after path[:prompt + j], and its branches (q -> (wrong token, rows after it))."""
 
@@ -131,12 +134,18 @@ class _Played:
     next: list[tuple[int, float]]
     branches: dict[int, tuple[int, list[tuple[int, float]]]]
 
-    def row(self, context: list[int]) -> tuple[int, float] | None:
+    def row(self, context: Sequence[int]) -> tuple[int, float] | None:
         """The recorded row after `context` (None: off what was recorded)."""
-        n, p = len(context), self.prompt
-        if n <= len(self.path) and context == self.path[:n]:
+        return self.row_at(context, len(context), common_prefix(context, self.path))
+
+    def row_at(self, context: Sequence[int], n: int, common: int) -> tuple[int, float] | None:
+        """row(context[:n]), where `common` is the length of context's common prefix with the
+        path (so that a caller that keeps it up to date pays nothing per row for the path)."""
+        p, d = self.prompt, min(common, n)  # context[d] is the first token off the path
+        if n < p:
+            return None
+        if d == n:
             return self.next[n - p]
-        d = common_prefix(context, self.path)  # context[d] is the first token off the path
         branch = self.branches.get(d - p)
         if branch is not None and context[d] == branch[0] and n - d - 1 < len(branch[1]):
             rows = branch[1]
@@ -172,7 +181,7 @@ class ReplayBackend(SyntheticBackend):
         self.scripts, self.tracks, self.price_prompt = list(scripts), tracks, price_prompt
         self.batch_latency = batch_latency
         self.context_latency = context_latency
-        self._played: list[_Played] = []
+        self._played: list[Played] = []
 
     def compact(self, tokens: Sequence[int]) -> list[int]:
         return self.vocabulary(tokens)
@@ -187,7 +196,7 @@ class ReplayBackend(SyntheticBackend):
     def play_many(self, indices: Sequence[int]) -> list[tuple[list[int], list[int]]]:
         """Make the scripts `indices` current together and return each one's (prompt, answer),
         compact. No prompt may start with another's (a context must tell which script it is in)."""
-        played: dict[int, _Played] = {}
+        played: dict[int, Played] = {}
         for index in dict.fromkeys(indices):
             s = self.scripts[index]
             prompt, answer = self.compact(s.prompt), self.compact(s.answer)
@@ -198,7 +207,7 @@ class ReplayBackend(SyntheticBackend):
                 track = self.tracks[index]
                 rows = self._rows(track.argmax, track.confidence)
                 branches = {q: (rows[q][0], self._rows(tokens, conf)) for q, (tokens, conf) in track.branches.items()}
-            played[index] = _Played(prompt + answer, len(prompt), rows, branches)
+            played[index] = Played(prompt + answer, len(prompt), rows, branches)
         prompts = sorted(p.path[:p.prompt] for p in played.values())
         if any(b[:len(a)] == a for a, b in zip(prompts, prompts[1:])):
             raise ValueError(f"{self.name}: scripts played together need prompts that do not start with another's")
@@ -208,7 +217,7 @@ class ReplayBackend(SyntheticBackend):
     def _rows(self, tokens: Sequence[int], confidence: Sequence[float]) -> list[tuple[int, float]]:
         return [(t, peak_for(c, self.n_vocab)) for t, c in zip(self.compact(tokens), confidence, strict=True)]
 
-    def _script(self, context: Sequence[int]) -> _Played | None:
+    def played_for(self, context: Sequence[int]) -> Played | None:
         """The current script whose prompt `context` starts with (None: none)."""
         for played in self._played:
             p = played.prompt
@@ -219,7 +228,7 @@ class ReplayBackend(SyntheticBackend):
     def logits_for(self, context: Sequence[int]) -> np.ndarray:
         row = np.zeros(self.n_vocab)
         context = list(context)
-        played = self._script(context)
+        played = self.played_for(context)
         found = played.row(context) if played is not None else None
         token, logit = found if found is not None else (self.off, PEAK)
         row[token] = logit
@@ -230,7 +239,7 @@ class ReplayBackend(SyntheticBackend):
         positions before its script's prompt's last are not (every token while none is current)."""
         if self.price_prompt:
             return len(tokens)
-        played = self._script(self._kv[seq])
+        played = self.played_for(self._kv[seq])
         prompt = played.prompt if played is not None else 0
         return len(tokens) - max(0, min(len(tokens), prompt - 1 - pos))
 

@@ -25,6 +25,9 @@ same inputs):
 - `confidence(row)`: the top probability of a logits row's softmax.
 - `host(rows)`: the rows on the host as numpy (a 2-D array, or a list of host rows as
   given): what penalties, grammars and logprobs read. Dtypes are kept.
+- `one_hot(rows, tokens, values)`: new rows of the kind, shape, dtype (and device) of the 2-D
+  `rows`, 0 but row j's tokens[j], which holds values[j] (rounded to the dtype); `rows` is
+  left as it is. What a backend that stands in another's values (backends/forced.py) builds.
 
 A second operand of another kind (a llama.cpp draft's q under a torch target) is converted
 to the first's kind.
@@ -73,3 +76,5 @@ class RowOps(Protocol):
     def confidence(self, row: Any) -> float: ...
 
     def host(self, rows: Rows) -> Any: ...
+
+    def one_hot(self, rows: Rows, tokens: Sequence[int], values: Sequence[float]) -> Rows: ...

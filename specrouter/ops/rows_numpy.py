@@ -169,3 +169,8 @@ class NumpyOps:
 
     def host(self, rows: Rows) -> Any:
         return self._to_host(rows)
+
+    def one_hot(self, rows: Rows, tokens: Sequence[int], values: Sequence[float]) -> np.ndarray:
+        out = np.zeros(rows.shape, rows.dtype)
+        out[np.arange(len(tokens)), list(tokens)] = values
+        return out

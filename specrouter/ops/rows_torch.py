@@ -131,6 +131,14 @@ class TorchOps:
     def host(self, rows: Any) -> np.ndarray:
         return (rows if isinstance(rows, torch.Tensor) else torch.stack(list(rows))).cpu().numpy()
 
+    @torch.inference_mode()
+    def one_hot(self, rows: Any, tokens: Sequence[int], values: Sequence[float]) -> torch.Tensor:
+        """One transfer to the rows' device: the tokens and values together, in float64 (which
+        holds every token id exactly)."""
+        out = torch.zeros_like(rows)
+        packed = torch.tensor([list(tokens), list(values)], dtype=torch.float64).to(rows.device)
+        return out.scatter_(1, packed[0].long().unsqueeze(1), packed[1].to(rows.dtype).unsqueeze(1))
+
 
 def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Per row, keep the smallest set of most likely tokens whose mass reaches top_p (ties in

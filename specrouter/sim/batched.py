@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from specrouter.cascade.chain import Chain
 from specrouter.drafters import DEFAULT_LOOKUP
-from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
+from specrouter.engine.batch import BatchScheduler, Delta, Failed, Finished, SeqRequest
 from specrouter.engine.chain_router import ChainRouter
 from specrouter.engine.phase import StepModels
 from specrouter.errors import InvalidParameterError
@@ -53,11 +53,15 @@ class BatchRun:
     """One method over the queued requests at one batch size, simulated."""
 
     batch: int
-    sequences: int
+    sequences: int  # requests served to their end
     tokens: int
     seconds: float
     cycles: int
     drafted_cycles: int
+    steps: int = 0  # the scheduler's steps
+    #: False: cut (serve's deadline or max_steps) before every request had finished; tokens
+    #: then counts what was committed by then, cycles those of the requests that finished.
+    complete: bool = True
 
     @property
     def tokens_per_second(self) -> float:
@@ -70,10 +74,14 @@ def copies_for(batch: int, requests: int) -> int:
 
 
 def serve(replay: Replay, plan: Callable[[], Chain | ChainRouter], batch: int, copies: int | None = None,
-          phases: StepModels | None = None) -> BatchRun:
+          phases: StepModels | None = None, deadline: float | None = None,
+          max_steps: int | None = None) -> BatchRun:
     """The trace's requests (`copies` times over; default copies_for) through a batch
     scheduler of `batch` sequences, each request's chain or router session from `plan()`;
-    phases: which models a step calls (engine/phase.py; default the scheduler's)."""
+    phases: which models a step calls (engine/phase.py; default the scheduler's). The run
+    is cut between steps once the replay's clock reaches `deadline` or after `max_steps`
+    steps (None: neither): the same steps of the same methods do the same work (the
+    trace decides every fixed chain's step), which is how a cut run is compared."""
     if batch < 1:
         raise InvalidParameterError(f"a batch holds at least 1 sequence, got {batch}")
     requests = replay.trace.requests
@@ -87,21 +95,27 @@ def serve(replay: Replay, plan: Callable[[], Chain | ChainRouter], batch: int, c
             rid = f"{c}/{requests[i].id}"
             expected[rid] = answer
             scheduler.add(rid, SeqRequest(prompt, max_tokens=replay.trace.max_tokens))
-    start, tokens, cycles, drafted = replay.clock(), 0, 0, 0
+    start, tokens, cycles, drafted, steps, finished = replay.clock(), 0, 0, 0, 0, 0
     try:
         while scheduler.n_active or scheduler.n_waiting:
+            if (deadline is not None and replay.clock() >= deadline) or steps == max_steps:
+                break
+            steps += 1
             for event in scheduler.step():
                 if isinstance(event, Failed):
                     raise SimulationError(f"{event.request_id}: {event.error}") from event.error
+                if isinstance(event, Delta):
+                    tokens += event.tokens
                 if isinstance(event, Finished):
                     r = event.result
                     if r.token_ids != expected[event.request_id]:
                         raise SimulationError(f"{event.request_id}: the simulated run did not commit the recorded answer")
-                    tokens, cycles, drafted = tokens + len(r.token_ids), cycles + r.cycles, drafted + drafted_cycles(r)
+                    finished, cycles, drafted = finished + 1, cycles + r.cycles, drafted + drafted_cycles(r)
+        seconds = replay.clock() - start
     finally:
         scheduler.close()
         replay.play(None)
-    return BatchRun(batch, copies * len(requests), tokens, replay.clock() - start, cycles, drafted)
+    return BatchRun(batch, finished, tokens, seconds, cycles, drafted, steps, finished == len(expected))
 
 
 @dataclass(frozen=True)

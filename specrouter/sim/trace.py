@@ -19,6 +19,7 @@ simulated.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -89,6 +90,14 @@ class Trace:
     @property
     def groups(self) -> list[str]:
         return list(dict.fromkeys(r.group for r in self.requests))
+
+    def take(self, n: int) -> Trace:
+        """The trace with n of its requests, taken in turn from each group (every group's
+        first, then every group's second, ...), in the trace's order."""
+        by_group = [[r for r in self.requests if r.group == g] for g in self.groups]
+        turns = [rs[i] for i in range(len(self.requests)) for rs in by_group if i < len(rs)]
+        kept = {id(r) for r in turns[:n]}
+        return dataclasses.replace(self, requests=[r for r in self.requests if id(r) in kept])
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps({"format": FORMAT, **asdict(self)}))

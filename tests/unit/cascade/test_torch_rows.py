@@ -163,3 +163,19 @@ def test_at_overlap_confidence_and_host_match_numpy():
     np.testing.assert_array_equal(TORCH.host(dev(x)), x)
     np.testing.assert_array_equal(TORCH.host(list(dev(x))), x)
     assert NUMPY.host(x) is x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_hot_builds_new_rows_of_the_kind_shape_and_dtype_given(dtype):
+    x = logits(3, 50, dtype=dtype)
+    tokens, values = [7, 0, 49], [11.5, 1e-3, 20.25]
+    expected = np.zeros((3, 50), dtype)
+    expected[[0, 1, 2], tokens] = values
+    host = NUMPY.one_hot(x, tokens, values)
+    assert host.dtype == dtype and host is not x
+    np.testing.assert_array_equal(host, expected)
+    t = dev(x)
+    got = TORCH.one_hot(t, tokens, values)
+    assert got.dtype == t.dtype and got.device == t.device and got is not t
+    np.testing.assert_array_equal(got.cpu().numpy(), expected)
+    np.testing.assert_array_equal(t.cpu().numpy(), x)  # the given rows are left as they were
