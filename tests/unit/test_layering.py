@@ -53,10 +53,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine",),
     ("server", "sim"),
     ("fleet",),
-    ("cli", "cli_compare", "cli_sim", "cli_torch"),
+    ("cli", "cli_compare", "cli_options", "cli_sim", "cli_torch"),
 ]
 #: Top-level modules that form one group (they may import each other).
-GROUPS = {"chat_masking": "chat", "chat_tokens": "chat", "cli_compare": "cli", "cli_sim": "cli", "cli_torch": "cli"}
+GROUPS = {"chat_masking": "chat", "chat_tokens": "chat", "cli_compare": "cli", "cli_options": "cli", "cli_sim": "cli",
+          "cli_torch": "cli"}
 #: (importer, imported) -> why the arrow may point up. Empty: none may.
 EXCEPTIONS: dict[tuple[str, str], str] = {}
 
