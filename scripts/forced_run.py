@@ -60,7 +60,8 @@ def build_models(trace, args) -> dict:
         model = random_model(shape_of(name, shapes, SHAPES), args.tiny, args.device, getattr(torch, args.dtype))
         models[name] = TorchBackend.from_model(model, _Tokenizer(model.config.vocab_size), name=name,
                                                device=args.device, dtype=args.dtype, n_ctx=args.n_ctx,
-                                               n_seq_max=max(args.batches) + 2, rows_on_device=rows)
+                                               n_seq_max=max(args.batches) + 2, rows_on_device=rows,
+                                               runtime=args.torch_runtime)
     return models
 
 
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--host-ms", default=None, metavar="CALL,ROW[,CHOICE[,REUSE]]",
                     help="the engine's work the prediction prices (specrouter simulate --host-ms)")
     ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--torch-runtime", choices=("eager", "static"), default=None,
+                    help="the models' KV runtime (default: static on cuda, eager on a CPU)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not args.batches or min(args.batches) < 1:
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     result: dict = {"device": device_info(args.device), "settings": {
         "trace": str(args.trace), "requests": len(trace.requests), "tokens": sum(len(r.answer) for r in trace.requests),
         "max_tokens": trace.max_tokens, "dtype": args.dtype, "tiny": args.tiny, "rows": args.rows,
+        "torch_runtime": next(iter(models.values())).runtime,
         "batches": list(args.batches), "time_limit_seconds": args.time_limit, "host": host.label(),
         "weights": "random (torch.manual_seed(0)), the trace's tokens forced",
         "profile": str(args.profile) if args.profile else f"timed here, {args.repeats} repeats per size"},

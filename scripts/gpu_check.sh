@@ -1,35 +1,32 @@
 #!/usr/bin/env bash
-# GPU check for the torch backend, on a machine with one NVIDIA GPU and no network (nothing
-# is downloaded; every model has random weights). Under 8 minutes in all; each step has a
-# hard timeout and writes its files as it goes, so a step cut short keeps what it measured:
-#   1. cost profile (scripts/torch_profile.py, 150 s): models shaped like Qwen2.5-Coder 0.5B
-#      and 1.5B (the default pool), Llama-3.2-1B and Llama-3.1-8B, bf16: one sequence's
-#      forward of n = 1..32 tokens and the sizes of a batch's tokens together (to 2,048), B = 2..32
-#      sequences of k tokens in one batched call, and the same forwards with the logits left
-#      on the device (what the host copy costs). The router's CostProfile format:
-#      `specrouter profile --load OUT_DIR/gpu_cost_profile.json` prints it, `--profile FILE`
-#      (generate, serve) routes with it, benchmarks/simulation.py --gpu-profile replays with it;
-#   2. the engine end to end (scripts/gpu_engine.py, 2 rounds, 110 s; an H200 fits one): the 1.5B-shaped target alone
-#      against suffix, 0.5B and 3-level chains, greedy and sampled, interleaved, with the logits
-#      rows copied to the host and left on the device: the engine's host work per cycle on that
-#      machine, and what the device-resident cascade saves of it;
-#   3. the torch exactness tests on cuda (135 s; 76 s on an H200 before the device rows' tests):
-#      decode/remove semantics, rollback, greedy equality of torch and mixed chains, batched
-#      sequences, the row operations on the GPU against numpy's, the same tokens with rows on the
-#      host or the device, and the three sampling-distribution tests (rows on the device, the
-#      backend's default there) with 1,000 runs each instead of 10,000
-#      (SPECROUTER_TORCH_RUNS; measured on this project's 2-core CPU: 600 runs of the three
-#      took 18 s). The broken-residual control is left to the CPU suite: it checks the
-#      test's power, not the device;
-#   4. host-side diagnostics (scripts/gpu_diag.py, 45 s): kernel launches per forward against
-#      the GPU's busy time, and the cost of bringing logits rows to the host, by strategy;
-#   5. the cascade's own work per cycle (benchmarks/host_work.py, 40 s): models that cost
-#      nothing, rows as numpy on the host and as tensors on the GPU.
+# The device check, on a machine with one NVIDIA GPU and no network: one command, under 8 minutes,
+# nothing downloaded, every model with random weights of the real shapes. Each part runs under its
+# own time limit (`timeout`; exit 124 = cut there) and writes its files as it goes, so a part cut
+# short keeps what it measured and the next part still runs:
+#   a. (100 s) the static torch runtime's cost profile, CUDA graphs (scripts/torch_profile.py
+#      --torch-runtime static): the Qwen2.5-Coder 0.5B / 1.5B, Llama-3.2-1B and Llama-3.1-8B
+#      shapes, bf16, one sequence's forward of n = 1..64 tokens after 256 cached ones, and
+#      B = 2..32 sequences of k tokens each; the graphs captured and what capturing took.
+#      The router's CostProfile format: `specrouter profile --load` shows it.
+#   b, c. (2 x 75 s) the real engine in trace-forced mode (scripts/forced_run.py): the 1.5B-shaped
+#      target and 0.5B-shaped draft on the static runtime, the first-turn and the copy traces
+#      recorded from the real models on a CPU, ms per token of the target alone, the best fixed
+#      2- and 3-level chains and auto at batch 1, 8 and 32 (each run cut after 4 s), each beside
+#      the simulator's prediction on part a's profile and the ratio measured / predicted;
+#   d. (100 s) the exactness tests on cuda, the static runtime's included (its runtime replays
+#      CUDA graphs there), the sampled chi-square tests at 1,000 runs (SPECROUTER_TORCH_RUNS);
+#   e. (100 s) llama.cpp on CUDA (scripts/gpu_llamacpp.sh): where nvcc exists, the pinned
+#      llama-cpp-python built for this GPU's architecture from the source brought along
+#      (`make gpu-source` beforehand), and the GGUF shapes profiled with --gpu-layers -1;
+#      where it does not, the report says so.
+# Then scripts/gpu_report.py writes one JSON and one markdown (each part's limit, elapsed seconds
+# and exit status) to OUT_DIR and benchmarks/results/.
 #
-# Usage: scripts/gpu_check.sh [OUT_DIR]      (default OUT_DIR: $OUT or ./gpu_check_out)
-#        GPU_CHECK_STEPS=2,3 scripts/gpu_check.sh   runs only those steps (default: 1,2,3,4,5)
-# Needs a Python with a CUDA build of torch, transformers, numpy, scipy, pytest, click,
-# tqdm, platformdirs, jinja2 and llguidance (PYTHON=..., default .venv/bin/python, else python3).
+# Usage: scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: $OUT or ./gpu_check_out)
+#        GPU_CHECK_PARTS=a,d scripts/gpu_check.sh   runs only those parts (default a,b,d,e; also:
+#        engine = scripts/gpu_engine.py, diag = scripts/gpu_diag.py, host = benchmarks.host_work)
+# Needs a Python with a CUDA build of torch, transformers, numpy, scipy, pytest, click, tqdm,
+# platformdirs, jinja2 and llguidance (PYTHON=..., default .venv/bin/python, else python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -37,77 +34,79 @@ if [ -z "$PY" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 fi
 OUT_DIR="${1:-${OUT:-gpu_check_out}}"
-STEPS=",${GPU_CHECK_STEPS:-1,2,3,4,5},"
-step() { [[ "$STEPS" == *",$1,"* ]]; }
+PARTS=",${GPU_CHECK_PARTS:-a,b,d,e},"
 mkdir -p "$OUT_DIR"
+: > "$OUT_DIR/parts.tsv"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 start=$(date +%s)
 status=0
+TRACE_FIRST=benchmarks/results/simulation-2026-12-03-epyc-trace.json
+TRACE_COPY=benchmarks/results/simulation-2026-12-05-epyc2-copy8-trace.json
+
+# part NAME LIMIT LOG COMMAND...: run COMMAND under LIMIT seconds, log it, record the part.
+part() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  [[ "$PARTS" == *",$name,"* ]] || return 0
+  echo "== part $name (limit ${limit} s)"
+  local t0 rc
+  t0=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT_DIR/$log"
+  rc=${PIPESTATUS[0]}
+  printf '%s\t%s\t%s\t%s\n' "$name" "$limit" "$(( $(date +%s) - t0 ))" "$rc" >> "$OUT_DIR/parts.tsv"
+  [ "$rc" -eq 0 ] || { echo "gpu_check: part $name exited $rc (124: cut at ${limit} s)" >&2; status=1; }
+}
 
 echo "== environment"
-if ! "$PY" - <<'PYEOF'
-import importlib, sys
+if ! "$PY" - "$OUT_DIR/environment.json" <<'PYEOF'
+import importlib.util, json, sys
 missing = [m for m in ("torch", "transformers", "numpy", "scipy", "pytest", "click", "tqdm", "platformdirs", "jinja2",
-                       "llguidance")
-           if importlib.util.find_spec(m) is None]
+                       "llguidance") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"missing Python packages: {', '.join(missing)} (this check cannot download them)")
-import torch, transformers
-print(f"python {sys.version.split()[0]}, torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}")
+import torch
+sys.path.insert(0, "scripts")
+from torch_profile import device_info
 if not torch.cuda.is_available():
     sys.exit("torch sees no CUDA GPU: nothing to check")
-p = torch.cuda.get_device_properties(0)
-print(f"GPU: {p.name}, {p.total_memory / 2**30:.0f} GiB, compute capability {p.major}.{p.minor}, {torch.cuda.device_count()} visible")
+info = device_info("cuda")
+print(json.dumps(info))
+open(sys.argv[1], "w").write(json.dumps(info, indent=1) + "\n")
 PYEOF
 then
   echo "gpu_check: environment not usable" >&2
   exit 2
 fi
 
-if step 1; then
-echo "== 1. forward-cost profile, bf16"
-timeout 150 "$PY" scripts/torch_profile.py --device cuda --dtype bfloat16 \
+part a 100 static_profile.log "$PY" scripts/torch_profile.py --device cuda --dtype bfloat16 --torch-runtime static \
   --models qwen2.5-coder-0.5b,qwen2.5-coder-1.5b,llama-3.2-1b,llama-3.1-8b --prefix 256 --repeats 5 \
-  --out "$OUT_DIR/gpu_cost_profile.json" 2>&1 | tee "$OUT_DIR/gpu_profile.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] || { echo "gpu_check: profiling failed (exit $rc; 124 = over 150 s)" >&2; status=1; }
-fi
+  --ks "$(seq -s, 1 33),40,48,56,64" --batches 2,4,8,16,32 --batch-ks 1,2,4,8,16 --no-device-table \
+  --out "$OUT_DIR/static_profile.json"
 
-if step 2; then
-echo "== 2. the engine end to end, random weights, bf16"
-timeout 110 "$PY" scripts/gpu_engine.py --device cuda --dtype bfloat16 --tokens 48 --rounds 2 \
-  --out "$OUT_DIR/gpu_engine.json" 2>&1 | tee "$OUT_DIR/gpu_engine.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] || { echo "gpu_check: engine run failed (exit $rc; 124 = over 110 s)" >&2; status=1; }
-fi
+profile_arg=()
+[ -s "$OUT_DIR/static_profile.json" ] && profile_arg=(--profile "$OUT_DIR/static_profile.json")
+part b 75 forced_first.log "$PY" scripts/forced_run.py "$TRACE_FIRST" --device cuda --dtype bfloat16 \
+  --torch-runtime static --batches 1,8,32 --time-limit 4 "${profile_arg[@]}" --out "$OUT_DIR/forced-first-turn.json"
+part b 75 forced_copy.log "$PY" scripts/forced_run.py "$TRACE_COPY" --device cuda --dtype bfloat16 \
+  --torch-runtime static --batches 1,8,32 --time-limit 4 "${profile_arg[@]}" --out "$OUT_DIR/forced-copy.json"
 
-if step 3; then
-echo "== 3. torch exactness tests on cuda"
-SPECROUTER_TEST_DEVICE=cuda SPECROUTER_TORCH_RUNS="${SPECROUTER_TORCH_RUNS:-1000}" \
-  timeout 135 "$PY" -m pytest -p no:cacheprovider -q -rs --durations=5 \
-    tests/unit/backends/test_torch.py tests/unit/backends/test_torch_batch.py \
-    tests/unit/cascade/test_torch_rows.py tests/unit/cascade/test_device_rows.py \
-    tests/unit/backends/test_torch_sampling_exactness.py -k "not broken_residual and not output_follows_target_distribution or torch_chain" \
-    --junitxml="$OUT_DIR/gpu_tests.xml" 2>&1 | tee "$OUT_DIR/gpu_tests.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] || { echo "gpu_check: tests failed (exit $rc; 124 = over 135 s)" >&2; status=1; }
-fi
+part d 100 tests.log env SPECROUTER_TEST_DEVICE=cuda SPECROUTER_TORCH_RUNS="${SPECROUTER_TORCH_RUNS:-1000}" \
+  "$PY" -m pytest -p no:cacheprovider -q -rs --durations=5 \
+  tests/unit/backends/test_torch.py tests/unit/backends/test_torch_batch.py tests/unit/backends/test_torch_static.py \
+  tests/unit/cascade/test_torch_rows.py tests/unit/cascade/test_device_rows.py \
+  tests/unit/backends/test_torch_sampling_exactness.py \
+  -k "not broken_residual and not output_follows_target_distribution or torch_chain" \
+  --junitxml="$OUT_DIR/tests.xml"
 
-if step 4; then
-echo "== 4. host-side diagnostics"
-timeout 45 "$PY" scripts/gpu_diag.py all 2>&1 | tee "$OUT_DIR/gpu_diag.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] || { echo "gpu_check: diagnostics failed (exit $rc; 124 = over 45 s)" >&2; status=1; }
-fi
+part e 100 llamacpp.log bash scripts/gpu_llamacpp.sh "$OUT_DIR"
 
-if step 5; then
-echo "== 5. the cascade's own work per cycle, rows on the host and on the GPU"
-timeout 40 bash -c "for rows in host cuda; do \"$PY\" -m benchmarks.host_work --repeats 1 --generations 1 \
-  --rows \$rows --out \"$OUT_DIR\" --stem host-work-\$rows || exit; done" 2>&1 | tee "$OUT_DIR/host_work.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] || { echo "gpu_check: host work failed (exit $rc; 124 = over 40 s)" >&2; status=1; }
-fi
+part engine 110 gpu_engine.log "$PY" scripts/gpu_engine.py --device cuda --dtype bfloat16 --tokens 48 --rounds 2 \
+  --out "$OUT_DIR/gpu_engine.json"
+part diag 45 gpu_diag.log "$PY" scripts/gpu_diag.py all
+part host 40 host_work.log bash -c "for rows in host cuda; do \"$PY\" -m benchmarks.host_work --repeats 1 \
+  --generations 1 --rows \$rows --out \"$OUT_DIR\" --stem host-work-\$rows || exit; done"
 
+"$PY" scripts/gpu_report.py "$OUT_DIR" || status=1
 echo "== done in $(( $(date +%s) - start )) s, exit $status; results in $OUT_DIR"
 exit $status

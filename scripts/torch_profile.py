@@ -14,6 +14,9 @@ depends on shapes, not values), or a real model folder. Three tables per model:
 - "batched" (CostProfile.batch_tables, {model: {B: {k: seconds}}}): B sequences, each with
   its own cached prefix, k new tokens each, in one TorchBackend.decode_batch (its cache
   gather and write-back included).
+- "capture" ({model: {graphs, seconds}}): with --torch-runtime static on CUDA, the graphs
+  the runtime captured (one per bucket, on first use: inside the warm-up calls, outside the
+  timings) and the seconds capturing took.
 - "device_seconds" ({model: {n: seconds}}, not read by the router): the same forward as
   "models" on the model itself, logits left on the device, timed to a device synchronize.
   The difference from "models" is what the host copy of the logits costs, that is what a
@@ -254,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prefix", type=int, default=256, help="cached tokens before the timed ones")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="CPU threads (CPU device)")
+    ap.add_argument("--torch-runtime", choices=("eager", "static"), default="eager",
+                    help="the backend's KV runtime (static: bucketed forwards, CUDA graphs on a GPU)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
@@ -264,8 +269,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     result = {"device": device_info(args.device), "lookup_seconds": {"ngram": 2e-5}, "models": {}, "batched": {},
-              "device_seconds": {}, "load_seconds": {}, "settings": {
-                  "dtype": args.dtype, "prefix_tokens": args.prefix, "repeats": args.repeats, "tiny": args.tiny,
+              "device_seconds": {}, "load_seconds": {}, "capture": {}, "settings": {
+                  "dtype": args.dtype, "torch_runtime": args.torch_runtime, "prefix_tokens": args.prefix, "repeats": args.repeats, "tiny": args.tiny,
                   "what": {"models": "median seconds of one TorchBackend.decode of n tokens (logits for all n, "
                                      "copied to host) after a cached prefix",
                            "batched": "median seconds of one TorchBackend.decode_batch of B sequences with k tokens "
@@ -281,14 +286,14 @@ def main(argv: list[str] | None = None) -> dict:
         n_seq = max((*args.batches, 1))
         if shape is None:
             backend = TorchBackend(args.folder, device=args.device, dtype=args.dtype, n_seq_max=n_seq,
-                                   n_threads=args.threads)
+                                   n_threads=args.threads, runtime=args.torch_runtime)
         else:
             if shape not in SHAPES:
                 ap.error(f"unknown model {shape!r}: use {', '.join(SHAPES)}")
             model = random_model(shape, args.tiny, args.device, getattr(torch, args.dtype))
             backend = TorchBackend.from_model(model, _Tokenizer(model.config.vocab_size), name=label,
                                               device=args.device, dtype=args.dtype, n_seq_max=n_seq,
-                                              n_threads=args.threads)
+                                              n_threads=args.threads, runtime=args.torch_runtime)
         result["load_seconds"][label] = round(time.perf_counter() - start, 2)
         table = profile_backend(backend, args.ks, args.prefix, args.repeats)
         result["models"][label] = {str(k): round(s, 7) for k, s in table.items()}
@@ -302,6 +307,10 @@ def main(argv: list[str] | None = None) -> dict:
             save(result, args.out)
             print(f"{label}: batched ms (B x k) " + "; ".join(
                 f"{b}x{k}: {s * 1000:.2f}" for b, t in batched.items() for k, s in t.items()), flush=True)
+        graphs = backend.graph_stats()
+        if graphs is not None:
+            result["capture"][label] = {"graphs": graphs.captured, "seconds": round(graphs.capture_seconds, 3)}
+            print(f"{label}: {graphs.captured} CUDA graphs captured in {graphs.capture_seconds:.2f} s", flush=True)
         if not args.no_device_table:
             dev = profile_device(backend._model, args.ks, args.prefix, args.repeats, args.device)
             result["device_seconds"][label] = {str(k): round(s, 7) for k, s in dev.items()}

@@ -14,7 +14,7 @@ torch-runtime-*: on a CPU no launch is saved and padding to buckets costs comput
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from specrouter.errors import InvalidParameterError
 
@@ -42,6 +42,9 @@ class KVRuntime(Protocol):
 
     #: "eager" or "static" (what the profile cache keys a model's costs by).
     name: str
+    #: The CUDA graphs captured so far (torch_graphs.GraphCache: `captured`, `capture_seconds`);
+    #: None where forwards are not captured (the eager runtime, or a CPU).
+    graphs: Any
 
     def new(self) -> int:
         """A free sequence slot with no KV (BackendError when all are in use)."""

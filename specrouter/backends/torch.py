@@ -151,6 +151,10 @@ class TorchBackend(ForwardBackend):
         """The KV runtime's name: "eager" or "static" (kv_runtime.py)."""
         return self._kv.name
 
+    def graph_stats(self) -> Any:
+        """The CUDA graphs the runtime has captured (`captured`, `capture_seconds`), or None."""
+        return self._kv.graphs
+
     # KV and compute (decode and decode_batch: ForwardBackend) -------------------------
     def _check_item(self, seq: int, tokens: Sequence[int], pos: int, n_logits: int) -> None:
         if not self.weights:

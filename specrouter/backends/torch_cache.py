@@ -48,6 +48,7 @@ class DynamicKV:
     """The eager runtime: a DynamicCache per sequence (kv_runtime.KVRuntime)."""
 
     name = "eager"
+    graphs = None
 
     def __init__(self, model: Any, config: Any, device: torch.device, slots: int, label: str) -> None:
         self._model, self._config, self._device, self._label = model, config, device, label
