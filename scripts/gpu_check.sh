@@ -25,6 +25,8 @@
 # and exit status) to OUT_DIR and benchmarks/results/.
 #
 # Usage: scripts/gpu_check.sh [OUT_DIR]        (default OUT_DIR: $OUT or ./gpu_check_out)
+#        GPU_CHECK_DEVICE=cpu scripts/gpu_check.sh   a rehearsal on a CPU: tiny shapes, fewer sizes,
+#        batches and runs, every part's code path but the graphs (parts a, b, d; e reports no nvcc)
 #        GPU_CHECK_PARTS=a,d scripts/gpu_check.sh   runs only those parts (default a,b,d,e; also:
 #        engine = scripts/gpu_engine.py, diag = scripts/gpu_diag.py, host = benchmarks.host_work)
 # Needs a Python with a CUDA build of torch, transformers, numpy, scipy, pytest, click, tqdm,
@@ -43,6 +45,14 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 start=$(date +%s)
 status=0
+DEV="${GPU_CHECK_DEVICE:-cuda}"
+if [ "$DEV" = cpu ]; then
+  DTYPE=float32 TINY=(--tiny) KS=1,2,4,8,16,33,64 BATCHES=2,4 BATCH_KS=1,4 RUNS=200
+  FORCED=(--tiny --requests 2 --batches 1,2)
+else
+  DTYPE=bfloat16 TINY=() KS="$(seq -s, 1 33),40,48,56,64" BATCHES=2,4,8,16,32 BATCH_KS=1,2,4,8,16 RUNS=1000
+  FORCED=(--batches 1,8,32)
+fi
 TRACE_FIRST=benchmarks/results/simulation-2026-12-03-epyc-trace.json
 TRACE_COPY=benchmarks/results/simulation-2026-12-05-epyc2-copy8-trace.json
 
@@ -61,7 +71,7 @@ part() {
 }
 
 echo "== environment"
-if ! "$PY" - "$OUT_DIR/environment.json" <<'PYEOF'
+if ! "$PY" - "$OUT_DIR/environment.json" "$DEV" <<'PYEOF'
 import importlib.util, json, sys
 missing = [m for m in ("torch", "transformers", "numpy", "scipy", "pytest", "click", "tqdm", "platformdirs", "jinja2",
                        "llguidance") if importlib.util.find_spec(m) is None]
@@ -70,9 +80,9 @@ if missing:
 import torch
 sys.path.insert(0, "scripts")
 from torch_profile import device_info
-if not torch.cuda.is_available():
+if sys.argv[2].startswith("cuda") and not torch.cuda.is_available():
     sys.exit("torch sees no CUDA GPU: nothing to check")
-info = device_info("cuda")
+info = device_info(sys.argv[2])
 print(json.dumps(info))
 open(sys.argv[1], "w").write(json.dumps(info, indent=1) + "\n")
 PYEOF
@@ -92,19 +102,19 @@ if [[ "$PARTS" == *",e,"* ]]; then
   llamacpp_pid=$!
 fi
 
-part a 100 static_profile.log "$PY" scripts/torch_profile.py --device cuda --dtype bfloat16 --torch-runtime static \
+part a 100 static_profile.log "$PY" scripts/torch_profile.py --device "$DEV" --dtype "$DTYPE" --torch-runtime static \
   --models qwen2.5-coder-0.5b,qwen2.5-coder-1.5b,llama-3.2-1b,llama-3.1-8b --prefix 256 --repeats 5 \
-  --ks "$(seq -s, 1 33),40,48,56,64" --batches 2,4,8,16,32 --batch-ks 1,2,4,8,16 --no-device-table \
+  --ks "$KS" --batches "$BATCHES" --batch-ks "$BATCH_KS" --no-device-table "${TINY[@]}" \
   --out "$OUT_DIR/static_profile.json"
 
 profile_arg=()
 [ -s "$OUT_DIR/static_profile.json" ] && profile_arg=(--profile "$OUT_DIR/static_profile.json")
-part b 75 forced_first.log "$PY" scripts/forced_run.py "$TRACE_FIRST" --device cuda --dtype bfloat16 \
-  --torch-runtime static --batches 1,8,32 --time-limit 4 "${profile_arg[@]}" --out "$OUT_DIR/forced-first-turn.json"
-part b 75 forced_copy.log "$PY" scripts/forced_run.py "$TRACE_COPY" --device cuda --dtype bfloat16 \
-  --torch-runtime static --batches 1,8,32 --time-limit 4 "${profile_arg[@]}" --out "$OUT_DIR/forced-copy.json"
+part b 75 forced_first.log "$PY" scripts/forced_run.py "$TRACE_FIRST" --device "$DEV" --dtype "$DTYPE" \
+  --torch-runtime static "${FORCED[@]}" --time-limit 4 "${profile_arg[@]}" --out "$OUT_DIR/forced-first-turn.json"
+part b 75 forced_copy.log "$PY" scripts/forced_run.py "$TRACE_COPY" --device "$DEV" --dtype "$DTYPE" \
+  --torch-runtime static "${FORCED[@]}" --time-limit 4 "${profile_arg[@]}" --out "$OUT_DIR/forced-copy.json"
 
-part d 100 tests.log env SPECROUTER_TEST_DEVICE=cuda SPECROUTER_TORCH_RUNS="${SPECROUTER_TORCH_RUNS:-1000}" \
+part d 100 tests.log env SPECROUTER_TEST_DEVICE="$DEV" SPECROUTER_TORCH_RUNS="${SPECROUTER_TORCH_RUNS:-$RUNS}" \
   "$PY" -m pytest -p no:cacheprovider -q -rs --durations=5 \
   tests/unit/backends/test_torch.py tests/unit/backends/test_torch_batch.py tests/unit/backends/test_torch_static.py \
   tests/unit/cascade/test_torch_rows.py tests/unit/cascade/test_device_rows.py \
