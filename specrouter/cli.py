@@ -75,9 +75,10 @@ def _grammar(json_schema, regex: str | None, grammar) -> Grammar | None:
 @click.option("--chat", "chat", help="One user message, formatted with the target's chat template.")
 @click.option("--chain", default=DEFAULT_CHAIN, show_default=True,
               help="'auto' (routed per cycle), or comma-separated levels, cheapest first, target last: "
-                   "pool names, .gguf paths or 'ngram'.")
+                   "pool names, .gguf paths, ollama:/hf:/lmstudio: models (README) or 'ngram'.")
 @click.option("--target", "--model", "target",
-              help="With --chain auto: the target model, a pool name or a .gguf path (default: the largest pulled pool model).")
+              help="With --chain auto: the target model, a pool name, a .gguf path or an ollama:/hf:/lmstudio: "
+                   "model (default: the largest pulled pool model).")
 @click.option("--explain", is_flag=True, help="With --chain auto: print the router's decisions to stderr.")
 @click.option("--lookup", type=click.Choice(list(MODEL_FREE)), default=None,
               help="With --chain auto: the model-free drafter routed beside the models (default suffix: the "
@@ -359,7 +360,8 @@ def models_cmd(cache_dir) -> None:
 
 
 @main.command("profile")
-@click.option("--models", "model_specs", help="Comma-separated pool names or .gguf paths (default: every pulled pool model).")
+@click.option("--models", "model_specs", help="Comma-separated pool names, .gguf paths or ollama:/hf:/lmstudio: models "
+                                                  "(default: every pulled pool model).")
 @click.option("--json", "json_file", type=click.Path(path_type=Path), help="Also write the table to this JSON file.")
 @click.option("--force", is_flag=True, help="Measure again even where a valid cached profile exists.")
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timings per size (the median is kept).")

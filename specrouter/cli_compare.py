@@ -123,7 +123,8 @@ def _router_folder(router_dir: Path | None) -> tuple[Path | None, str]:
 @click.option("--prompt", help="Raw text to continue.")
 @click.option("--chat", "chat", help="One user message, formatted with the target's chat template.")
 @click.option("--target", "--model", "target",
-              help="The target model, a pool name or a .gguf path (default: the largest pulled pool model).")
+              help="The target model, a pool name, a .gguf path or an ollama:/hf:/lmstudio: model "
+                   "(default: the largest pulled pool model).")
 @click.option("--lookup", type=click.Choice(list(MODEL_FREE)), default=DEFAULT_LOOKUP, show_default=True,
               help="The model-free drafter auto routes beside the models.")
 @click.option("--max-tokens", type=int, default=256, show_default=True)

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from specrouter.errors import BackendError, ModelFileError, UnknownModelError
+from specrouter.model_sources import is_source_spec
 from specrouter.models import DEFAULT_POOL, default_cache_dir, resolve_model
 
 #: Name suffix -> torch dtype name.
@@ -44,8 +45,9 @@ STORED_DTYPE = "float32"
 
 def split_torch_name(spec: str) -> tuple[str, str] | None:
     """``'qwen2.5-coder-1.5b:torch-bf16'`` -> ``('qwen2.5-coder-1.5b', 'bfloat16')``;
-    None for a spec that is not a torch name. Unknown suffixes or models raise."""
-    if ":" not in spec:
+    None for a spec that is not a torch name (a source spec such as `ollama:NAME:TAG` is not one).
+    Unknown suffixes or models raise."""
+    if ":" not in spec or is_source_spec(spec):
         return None
     base, _, variant = spec.partition(":")
     if variant not in TORCH_VARIANTS:

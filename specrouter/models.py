@@ -23,6 +23,7 @@ import platformdirs
 from tqdm import tqdm
 
 from specrouter.errors import ModelFileError, RegistryError, UnknownModelError
+from specrouter.model_sources import SOURCES, is_source_spec, resolve_source
 
 _CHUNK = 1 << 20  # 1 MiB: model files are far too big to hold in memory
 
@@ -100,7 +101,7 @@ def default_cache_dir() -> Path:
 def _unknown(name: str) -> UnknownModelError:
     return UnknownModelError(
         f"unknown model {name!r}: known models are {', '.join(DEFAULT_POOL)}; "
-        "a path to a .gguf file works too"
+        f"a path to a .gguf file works too, and so do {', '.join(s.form for s in SOURCES.values())}"
     )
 
 
@@ -256,9 +257,19 @@ def check_pulled_integrity(name: str, cache_dir: Path | None = None) -> None:
     _write_stamp(path, spec.sha256.lower())
 
 
+def model_name(spec: str) -> str:
+    """The name a GGUF model goes by (in stats, the router's profiles): a pool name or a source
+    spec as given, a path's file name without its extension."""
+    return spec if spec in DEFAULT_POOL or is_source_spec(spec) else Path(spec).stem
+
+
 def resolve_model(name_or_path: str, cache_dir: Path | None = None, *,
                   pull_missing: bool = False) -> Path:
-    """A pool name -> its pulled file; a .gguf or other path -> that file; else UnknownModelError."""
+    """A pool name -> its pulled file; a source spec (`ollama:`, `hf:`, `lmstudio:`,
+    specrouter.model_sources) -> the file another tool downloaded; a .gguf or other path -> that
+    file; else UnknownModelError."""
+    if is_source_spec(name_or_path):
+        return resolve_source(name_or_path)
     if name_or_path in DEFAULT_POOL:
         if is_pulled(name_or_path, cache_dir):
             return model_path(name_or_path, cache_dir)

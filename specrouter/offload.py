@@ -1,11 +1,12 @@
 """How many layers of each llama.cpp model llama.cpp offloads to a GPU.
 
 `--gpu-layers N` offloads N layers of every llama.cpp model of the pool, `--gpu-layers
-MODEL=N` those of one model (its pool name or GGUF path, as the chain names it), the latter
-winning; -1 offloads every layer, 0 (the default) none. llama.cpp keeps the remaining
-layers, and the sampling, on the CPU; torch models are placed by `--device` instead. A build
-of llama-cpp-python without a GPU backend refuses any offload (backends/llamacpp.py), so
-asking for one on a CPU-only build is an error, never a silent CPU run.
+MODEL=N` those of one model (its pool name, GGUF path or `ollama:`/`hf:`/`lmstudio:` spec,
+as the chain names it), the latter winning; -1 offloads every layer, 0 (the default) none.
+llama.cpp keeps the remaining layers, and the sampling, on the CPU; torch models are placed
+by `--device` instead. A build of llama-cpp-python without a GPU backend refuses any offload
+(backends/llamacpp.py), so asking for one on a CPU-only build is an error, never a silent
+CPU run.
 """
 
 from __future__ import annotations

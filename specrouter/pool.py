@@ -2,9 +2,11 @@
 
 A spec is a model-free drafter's name (specrouter.drafters.MODEL_FREE: `ngram`, `suffix`),
 a pool name (llama.cpp, GGUF), a pool name with a torch variant
-(`qwen2.5-coder-1.5b:torch-fp32`, see specrouter.convert), a path to a .gguf file
-(llama.cpp) or a path to a transformers model folder (torch). Backends of every kind
-mix freely in one chain; only their tokenizers must agree.
+(`qwen2.5-coder-1.5b:torch-fp32`, see specrouter.convert), a GGUF file another tool
+downloaded (`ollama:NAME[:TAG]`, `hf:OWNER/REPO/FILE.gguf`, `lmstudio:PUBLISHER/REPO`, see
+specrouter.model_sources; llama.cpp), a path to a .gguf file (llama.cpp) or a path to a
+transformers model folder (torch). Backends of every kind mix freely in one chain; only
+their tokenizers must agree.
 
 Loaded models are kept by the Pool so that a model used by several chains (or by
 several requests) is loaded once and keeps one KV cache with one slot per sequence.
@@ -22,7 +24,8 @@ from specrouter.drafters import MODEL_FREE
 from specrouter.cascade.chain import Chain, Level
 from specrouter.errors import BackendError, InvalidParameterError
 from specrouter.convert import resolve_torch_model, split_torch_name
-from specrouter.models import DEFAULT_POOL, resolve_model
+from specrouter.model_sources import is_source_spec
+from specrouter.models import model_name, resolve_model
 from specrouter.offload import GpuLayers
 from specrouter.vocab import check_shared_tokenizer
 
@@ -98,9 +101,8 @@ class Pool:
             except ImportError as exc:
                 raise BackendError(str(exc)) from None
 
-            name = spec if spec in DEFAULT_POOL else Path(spec).stem
             self._loaded[key] = LlamaCppBackend(
-                path, name=name, n_ctx=self.n_ctx, n_seq_max=self.n_seq_max, n_threads=self.n_threads,
+                path, name=model_name(spec), n_ctx=self.n_ctx, n_seq_max=self.n_seq_max, n_threads=self.n_threads,
                 exact=self.exact, n_gpu_layers=self.gpu_layers.of(spec),
             )
         return self._loaded[key]
@@ -117,6 +119,8 @@ class Pool:
 
     def _torch_model(self, spec: str) -> tuple[Path, str, str] | None:
         """(folder, name, dtype) of a torch model spec; None for a llama.cpp one."""
+        if is_source_spec(spec):
+            return None
         if split_torch_name(spec) is not None:
             folder, dtype = resolve_torch_model(spec, self.cache_dir, convert_missing=self.pull_missing)
             return folder, spec, dtype

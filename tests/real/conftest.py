@@ -23,14 +23,19 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.real)
 
 
-@pytest.fixture(scope="session")
-def pool():
-    missing = [n for n in (SMALL, TARGET, SMOL) if not is_pulled(n)]
+def require_pulled(*names: str) -> None:
+    """Skip the test (fail it in CI) unless every named pool model is pulled."""
+    missing = [n for n in names if not is_pulled(n)]
     if missing:
         message = f"models not pulled: {missing}; run `specrouter pull`"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pool():
+    require_pulled(SMALL, TARGET, SMOL)
     p = Pool(n_ctx=2048, n_seq_max=4)
     yield p
     p.close()

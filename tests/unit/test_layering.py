@@ -9,8 +9,9 @@ an arrow) and under `if TYPE_CHECKING:`. Importing `specrouter.a.b` also runs `s
 
      0  errors, smoothing,       plain definitions every layer uses: import nothing of the package
         metrics                  (metrics: the speculation counts per level and draft position)
-     1  ops, models, offload,    row arithmetic on numpy or torch rows (knows no backend); model
-        allocator                files and downloads; GPU layer offload; the process's allocator
+     1  ops, models,             row arithmetic on numpy or torch rows (knows no backend); model
+        model_sources, offload,  files and downloads, and the GGUF files other tools downloaded;
+        allocator                GPU layer offload; the process's allocator
      2  backends, convert        models behind one interface (a backend registers its row kind
                                  with ops); torch conversion of the pool's files
      3  state, vocab, chat*      what a chain's models share: KV bookkeeping, one tokenizer,
@@ -44,7 +45,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "specrouter"
 #: Every top-level module and subpackage of specrouter, by layer (lowest first).
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "smoothing", "metrics"),
-    ("ops", "models", "offload", "allocator"),
+    ("ops", "models", "model_sources", "offload", "allocator"),
     ("backends", "convert"),
     ("state", "vocab", "chat", "chat_masking", "chat_tokens"),
     ("cascade",),
@@ -57,7 +58,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 #: Top-level modules that form one group (they may import each other).
 GROUPS = {"chat_masking": "chat", "chat_tokens": "chat", "cli_compare": "cli", "cli_options": "cli", "cli_sim": "cli",
-          "cli_torch": "cli"}
+          "cli_torch": "cli", "model_sources": "models"}
 #: (importer, imported) -> why the arrow may point up. Empty: none may.
 EXCEPTIONS: dict[tuple[str, str], str] = {}
 
