@@ -60,7 +60,7 @@ bench-deps: setup
 	$(BIN)/pip install --quiet -e '.[bench]'
 
 # The demo's copy-heavy prompt: most of the answer repeats the prompt, which is where the
-# router's lookup drafts pay. Greedy: the two outputs are compared token for token.
+# router's lookup drafts pay. Greedy: the outputs are compared token for token.
 define DEMO_COPY_PROMPT
 Rewrite this Python class with type hints on every parameter and return value. Keep everything else exactly as it is and return the whole class.
 
@@ -117,7 +117,7 @@ DEMO_CHAT_PROMPT := Write a Python function that checks whether a string is a pa
 
 # The router reads and keeps its profile and estimates in the user cache (measured on first use).
 demo: models
-	@echo "== A copy-heavy prompt, greedy: the target alone, then auto"
+	@echo "== A copy-heavy prompt, greedy: the target alone, auto, the target alone again"
 	$(BIN)/specrouter compare --chat "$$DEMO_COPY_PROMPT" --max-tokens 768
 	@echo "== A chat prompt with auto"
 	$(BIN)/specrouter generate --chat "$(DEMO_CHAT_PROMPT)" --max-tokens 128

@@ -21,13 +21,14 @@ an arrow) and under `if TYPE_CHECKING:`. Importing `specrouter.a.b` also runs `s
      6  router, pool             choosing chains; loading the levels a chain names (beside each
                                  other: neither imports the other)
      7  engine                   requests, cycles, batches, prefill
-     8  server, sim              the OpenAI API over the engine; the trace-driven simulator
+     8  server, sim, compare     the OpenAI API over the engine; the trace-driven simulator;
+                                 methods compared over the user's prompts (`specrouter compare`)
      9  fleet                    replicas of the server (it deploys servers)
     10  cli*                     the command line
 
-That is `backends < cascade < drafters < router < engine < server / fleet / sim < cli`, with the
-top-level modules placed and fleet set above the server it deploys. An arrow against it stands
-only when listed in EXCEPTIONS with its reason.
+That is `backends < cascade < drafters < router < engine < server / fleet / sim / compare <
+cli`, with the top-level modules placed and fleet set above the server it deploys. An arrow
+against it stands only when listed in EXCEPTIONS with its reason.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("drafters",),
     ("router", "pool"),
     ("engine",),
-    ("server", "sim"),
+    ("server", "sim", "compare"),
     ("fleet",),
     ("cli", "cli_compare", "cli_options", "cli_sim", "cli_torch"),
 ]
