@@ -75,21 +75,8 @@ def run(per_set: int, lengths: list[int], router_dir: Path | None) -> dict:
     methods = {BASELINE: static_runner(pool, [TARGET], ()), CHAIN: static_runner(pool, [SMALL, TARGET], (16,)),
                AUTO: lambda tokens, params, n: run_routed(router, tokens, params, n)}
     setup = time.perf_counter() - started
-    runs, turn = [], 0
     try:
-        with tqdm(total=len(prompts) * len(lengths) * (len(methods) + 1), desc="runs", unit="run") as bar:
-            for dataset, pid, tokens in prompts:
-                for n in lengths:
-                    reference = None  # the target alone's text, which runs first
-                    for position, method in enumerate(run_order(list(methods), turn)):
-                        bar.set_postfix_str(f"{dataset} {pid} {n} {method}")
-                        record, ids = methods[method](tokens, GREEDY, n)
-                        reference = ids if reference is None else reference
-                        record.update(dataset=dataset, prompt=pid, mode=f"{n} tokens", method=method,
-                                      position=position, prompt_tokens=len(tokens), same_as_target=ids == reference)
-                        runs.append(record)
-                        bar.update(1)
-                    turn += 1
+        runs = interleaved_runs(prompts, lengths, methods)
     finally:
         pool.close()
     summary = summarise(runs)
@@ -105,6 +92,26 @@ def run(per_set: int, lengths: list[int], router_dir: Path | None) -> dict:
         "auto_chains": auto_chains(runs),
         "profile": profile,
     }
+
+
+def interleaved_runs(prompts: list[tuple[str, str, list[int]]], lengths: list[int], methods: dict) -> list[dict]:
+    """Every method on every prompt and length, greedy, in run_order (the target alone first
+    and last), one record per run; `same_as_target` compares with the target alone's first."""
+    runs, turn = [], 0
+    with tqdm(total=len(prompts) * len(lengths) * (len(methods) + 1), desc="runs", unit="run") as bar:
+        for dataset, pid, tokens in prompts:
+            for n in lengths:
+                reference = None  # the target alone's text, which runs first
+                for position, method in enumerate(run_order(list(methods), turn)):
+                    bar.set_postfix_str(f"{dataset} {pid} {n} {method}")
+                    record, ids = methods[method](tokens, GREEDY, n)
+                    reference = ids if reference is None else reference
+                    record.update(dataset=dataset, prompt=pid, mode=f"{n} tokens", method=method,
+                                  position=position, prompt_tokens=len(tokens), same_as_target=ids == reference)
+                    runs.append(record)
+                    bar.update(1)
+                turn += 1
+    return runs
 
 
 def auto_chains(runs: list[dict]) -> dict[str, dict[str, int]]:

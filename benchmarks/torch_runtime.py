@@ -21,15 +21,13 @@ import json
 import time
 from collections.abc import Sequence
 
-from tqdm import tqdm
-
 from benchmarks.args import benchmark_parser, int_list, profile_line, result_stem, router_start
-from benchmarks.chains import run_order, static_runner
+from benchmarks.chains import static_runner
 from benchmarks.machine import machine_info
 from benchmarks.measure import run_routed
 from benchmarks.output import write_result
 from benchmarks.summary import BASELINE, baseline_drift, ratio_table, summarise
-from benchmarks.torch_auto import GREEDY, MID, SMALL, TARGET, build_prompts
+from benchmarks.torch_auto import MID, SMALL, TARGET, build_prompts, interleaved_runs
 from specrouter.pool import Pool
 from specrouter.router import auto_router
 
@@ -51,20 +49,8 @@ def run(per_set: int, lengths: list[int]) -> dict:
                AUTO_EAGER: lambda tokens, params, n: run_routed(routers["eager"], tokens, params, n),
                AUTO_STATIC: lambda tokens, params, n: run_routed(routers["static"], tokens, params, n)}
     setup = time.perf_counter() - started
-    runs, turn = [], 0
     try:
-        with tqdm(total=len(prompts) * len(lengths) * (len(methods) + 1), desc="runs", unit="run") as bar:
-            for dataset, pid, tokens in prompts:
-                for n in lengths:
-                    reference = None
-                    for position, method in enumerate(run_order(list(methods), turn)):
-                        record, ids = methods[method](tokens, GREEDY, n)
-                        reference = ids if reference is None else reference
-                        record.update(dataset=dataset, prompt=pid, mode=f"{n} tokens", method=method,
-                                      position=position, prompt_tokens=len(tokens), same_as_target=ids == reference)
-                        runs.append(record)
-                        bar.update(1)
-                    turn += 1
+        runs = interleaved_runs(prompts, lengths, methods)
     finally:
         for pool in pools.values():
             pool.close()

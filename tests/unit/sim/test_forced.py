@@ -29,7 +29,26 @@ WIDTH = 40
 THREE = ChainChoice(("suffix", "draft", "target"), (2, 6))
 
 
-class Recording(SyntheticBackend):
+class LogsSlots:
+    """Logs remove, new_sequence and free_sequence in `calls` (a mixin ahead of a Backend)."""
+
+    calls: list[tuple]
+
+    def remove(self, seq, start):
+        self.calls.append(("remove", seq, start))
+        super().remove(seq, start)
+
+    def new_sequence(self):
+        seq = super().new_sequence()
+        self.calls.append(("new", seq))
+        return seq
+
+    def free_sequence(self, seq):
+        self.calls.append(("free", seq))
+        super().free_sequence(seq)
+
+
+class Recording(LogsSlots, SyntheticBackend):
     """A real model that logs every call, priced by the profile (its clock: simulated_seconds)."""
 
     def __init__(self, name: str, p: CostProfile) -> None:
@@ -47,21 +66,8 @@ class Recording(SyntheticBackend):
         self.calls.append(("batch", [(s, list(t), p, n) for s, t, p, n in items]))
         return super().decode_batch(items)
 
-    def remove(self, seq, start):
-        self.calls.append(("remove", seq, start))
-        super().remove(seq, start)
 
-    def new_sequence(self):
-        seq = super().new_sequence()
-        self.calls.append(("new", seq))
-        return seq
-
-    def free_sequence(self, seq):
-        self.calls.append(("free", seq))
-        super().free_sequence(seq)
-
-
-class Asked(ForcedBackend):
+class Asked(LogsSlots, ForcedBackend):
     """A forced model that logs what the engine asks of it (its tokens as the real model is
     fed them) and checks every row it returns against its replay's row for that context."""
 
@@ -89,19 +95,6 @@ class Asked(ForcedBackend):
             expected = self.replay.logits_for(context[: len(context) - n_logits + 1 + i])
             assert int(np.argmax(row)) == int(np.argmax(expected))
             assert NUMPY.confidence(row) == pytest.approx(NUMPY.confidence(expected), rel=1e-12)
-
-    def remove(self, seq, start):
-        self.calls.append(("remove", seq, start))
-        super().remove(seq, start)
-
-    def new_sequence(self):
-        seq = super().new_sequence()
-        self.calls.append(("new", seq))
-        return seq
-
-    def free_sequence(self, seq):
-        self.calls.append(("free", seq))
-        super().free_sequence(seq)
 
 
 def forced_replay(trace, p):
