@@ -21,11 +21,13 @@ forwards padded to buckets and, on CUDA, each bucket replayed as a captured grap
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from specrouter.backends.static_forward import Inputs, check_supported, forward, kv_shape
@@ -165,28 +167,32 @@ class StaticKV:
         return forward(self._model, self.keys, self.values, inputs)
 
     def _inputs(self, runs: Sequence[tuple[int, Sequence[int], int, int]], bucket: Bucket) -> Inputs:
-        """The bucket's inputs on the host (see the module docstring for the padding)."""
-        b, n, scratch = bucket.rows, bucket.tokens, self._slots
-        ids = torch.zeros(b, n, dtype=torch.long)
-        column = torch.arange(n)
-        positions = column.repeat(b, 1)
-        write_slot = torch.full((b, n), scratch, dtype=torch.long)
-        write_pos = column.repeat(b, 1)
-        read_slot = torch.full((b,), scratch, dtype=torch.long)
-        logit_cols = torch.zeros(b, bucket.logits, dtype=torch.long)
-        for i, (seq, tokens, pos, _) in enumerate(runs):
-            k = len(tokens)
+        """The bucket's inputs on the host (see the module docstring for the padding), built
+        with whole-array operations: a batch's rows cost no Python loop of tensor operations."""
+        for seq, _, pos, _ in runs:
             if self.length(seq) != pos:
                 raise BackendError(f"{self._label}: decode at position {pos} but sequence {seq} holds "
                                    f"{self.length(seq)} positions")
-            ids[i, :k] = torch.as_tensor(list(tokens), dtype=torch.long)
-            positions[i, :k] = pos + column[:k]
-            positions[i, k:] = pos + k - 1
-            write_slot[i, :k] = seq
-            write_pos[i, :k] = pos + column[:k]
-            read_slot[i] = seq
-            logit_cols[i] = (k - bucket.logits + torch.arange(bucket.logits)).clamp(min=0)
-        return Inputs(ids, positions, write_slot, write_pos, read_slot, logit_cols, bucket.context)
+        b, n, k, scratch = bucket.rows, bucket.tokens, len(runs), self._slots
+        lens = np.array([len(tokens) for _, tokens, _, _ in runs], dtype=np.int64)[:, None]  # (k, 1)
+        pos = np.array([p for _, _, p, _ in runs], dtype=np.int64)[:, None]
+        seqs = np.array([seq for seq, *_ in runs], dtype=np.int64)[:, None]
+        column = np.arange(n, dtype=np.int64)
+        real = column < lens  # (k, n): the rows' own tokens; the rest is padding
+        ids = np.zeros((b, n), dtype=np.int64)
+        ids[:k][real] = np.fromiter(itertools.chain.from_iterable(t for _, t, _, _ in runs), np.int64)
+        positions = np.tile(column, (b, 1))
+        positions[:k] = pos + np.minimum(column, lens - 1)  # padding repeats the row's last position
+        write_slot = np.full((b, n), scratch, dtype=np.int64)
+        write_slot[:k] = np.where(real, seqs, scratch)
+        write_pos = np.tile(column, (b, 1))
+        write_pos[:k] = np.where(real, pos + column, column)
+        read_slot = np.full(b, scratch, dtype=np.int64)
+        read_slot[:k] = seqs[:, 0]
+        logit_cols = np.zeros((b, bucket.logits), dtype=np.int64)
+        logit_cols[:k] = np.maximum(lens - bucket.logits + np.arange(bucket.logits), 0)
+        return Inputs(*(torch.from_numpy(a) for a in (ids, positions, write_slot, write_pos, read_slot, logit_cols)),
+                      bucket.context)
 
     def _to_device(self, inputs: Inputs) -> Inputs:
         dev = self._device
