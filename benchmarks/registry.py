@@ -32,6 +32,7 @@ BENCHMARKS = (
     Benchmark("prefill-stall", "prefill_stall", "a stream's gaps while a long prompt arrives (chunked prefill)"),
     Benchmark("router-work", "router_work", "the router's own host time per choice, alone and in batches"),
     Benchmark("serving", "serving", "throughput and latency against concurrency: target alone and auto"),
+    Benchmark("sessions", "sessions", "edit loops, agent loops and document QA through the server, turn by turn"),
     Benchmark("simulation", "simulation", "the trace-driven simulator: record, validate, predict GPUs and batches"),
     Benchmark("structured", "structured", "forced tool calls and JSON schema answers, with and without speculation"),
     Benchmark("suffix-memory", "suffix_memory", "the cross-request suffix memory's size and speed"),

@@ -36,6 +36,16 @@ class Lookup:
 
 #: The match class of a grammar-forced continuation.
 FORCED_CLASS = "g"
+#: Where a lookup's block came from, by its match class (match_source).
+SOURCES = ("request", "memory", "forced")
+
+
+def match_source(label: str) -> str:
+    """The source of a match class's blocks, from its label (match_class's; a router's key
+    `<lookup>#<class>` too): "memory" for the cross-request memory's classes ("m16"),
+    "forced" for a grammar-forced continuation, "request" for the request's own text."""
+    cls = label.rsplit("#", 1)[-1]
+    return "forced" if cls == FORCED_CLASS else "memory" if cls.startswith("m") else "request"
 
 
 @dataclass(frozen=True)

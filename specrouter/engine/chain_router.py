@@ -14,6 +14,7 @@ from specrouter.backends.base import Backend
 from specrouter.cascade.chain import Chain, CycleObserver
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.errors import InvalidParameterError
+from specrouter.metrics import SpecStats
 
 
 class ChainRouter(CycleObserver, Protocol):
@@ -47,6 +48,9 @@ class ChainRouter(CycleObserver, Protocol):
     decisions: list
     #: Whether the last choose() deliberated (False: it reused a decision, or chooses nothing).
     deliberated: bool
+    #: The request's model-free lookup per match class (what it drafted, what was accepted;
+    #: reset by start): empty where nothing is looked up apart from the chain's levels.
+    lookup_stats: SpecStats
 
 
 class FixedChain:
@@ -69,6 +73,11 @@ class FixedChain:
     @property
     def models(self) -> list[Backend]:
         return self.chain.models
+
+    @property
+    def lookup_stats(self) -> SpecStats:
+        """None told apart: a fixed chain's lookup level counts as a level (GenerationResult.levels)."""
+        return SpecStats()
 
     def start(self, params: SamplingParams, prompt_tokens: int, max_tokens: int) -> None:
         pass

@@ -57,6 +57,10 @@ class GenerationResult:
     decisions: list[dict] = field(default_factory=list)
     #: Per token of token_ids, its log-probability (cascade/logprobs.py); None: not asked for.
     logprobs: list[TokenLogprob] | None = None
+    #: What the router's model-free lookup drafted, per match class (`<lookup>#<class>`,
+    #: drafters/lookup.py match_source: the request's own text, the memory, a grammar): blocks,
+    #: tokens, tokens accepted. Empty for a fixed chain (its lookup is not told apart).
+    lookup: SpecStats = field(default_factory=SpecStats)
 
     @property
     def tokens_per_second(self) -> float:
@@ -82,6 +86,7 @@ class GenerationResult:
             "chains_per_cycle": self.chains_per_cycle,
             **({"router_decisions": self.decisions} if self.decisions else {}),
             **({"logprobs": [e.as_dict() for e in self.logprobs]} if self.logprobs is not None else {}),
+            **({"lookup": [s.as_dict() for s in self.lookup.values()]} if self.lookup else {}),
         }
 
 
@@ -253,6 +258,7 @@ class SequenceRun:
             chains_per_cycle=self._per_cycle,
             decisions=[d.as_dict() for d in self.router.decisions],
             logprobs=self._logprobs[: len(generated)] if self.logprobs is not None else None,
+            lookup=self.router.lookup_stats.copy(),
         )
 
 

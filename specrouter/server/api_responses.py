@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from specrouter.cascade.logprobs import TokenLogprob, finite
+from specrouter.drafters.lookup import SOURCES, match_source
 from specrouter.engine.request import GenerationResult
 from specrouter.metrics import SpecStats
 from specrouter.server.api_requests import ToolCall
@@ -27,6 +28,14 @@ class ChainUsage(BaseModel):
     cycles: int
 
 
+class LookupSourceUsage(BaseModel):
+    source: Literal["request", "memory", "forced"] = Field(description="the request's own text, the cross-request "
+                                                                       "memory, or a grammar's forced tokens")
+    drafts: int = Field(description="blocks the routed lookup drafted from this source (one per cycle at most)")
+    proposed: int
+    accepted: int
+
+
 class SpeculationUsage(BaseModel):
     chain: list[str] = Field(description="the chain that ran most cycles")
     draft_lengths: list[int]
@@ -34,6 +43,9 @@ class SpeculationUsage(BaseModel):
     levels: list[LevelUsage] = Field(description="per model, summed over every chain it ran in; target last")
     cycles: int
     mean_tokens_per_cycle: float
+    lookup_sources: list[LookupSourceUsage] = Field(
+        default_factory=list, description="what auto's model-free lookup drafted, per source (extension; empty "
+                                          "for a fixed chain or the target alone)")
 
 
 class PromptTokensDetails(BaseModel):
@@ -69,10 +81,25 @@ class Usage(BaseModel):
                                forwards=s.forwards) for s in ordered],
             cycles=cycles,
             mean_tokens_per_cycle=tokens / cycles if cycles else 0.0,
+            lookup_sources=_lookup_sources(results),
         )
         prompt = results[0].prompt_tokens
         return cls(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens,
                    prompt_tokens_details=PromptTokensDetails(cached_tokens=results[0].cached_tokens), speculation=spec)
+
+
+def _lookup_sources(results: Sequence[GenerationResult]) -> list[LookupSourceUsage]:
+    """The routed lookup's blocks of every choice, summed per source (SOURCES' order; a
+    source that drafted nothing is left out)."""
+    sums = {source: [0, 0, 0] for source in SOURCES}
+    for r in results:
+        for label, s in r.lookup.items():
+            counts = sums[match_source(label)]
+            counts[0] += s.drafts
+            counts[1] += s.proposed
+            counts[2] += s.accepted
+    return [LookupSourceUsage(source=source, drafts=d, proposed=p, accepted=a)
+            for source, (d, p, a) in sums.items() if d]
 
 
 FinishReason = Literal["stop", "length", "tool_calls"]

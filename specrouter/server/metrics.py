@@ -6,8 +6,9 @@ drafting shows while it runs; SpecCollector writes them at each scrape, and writ
 replicas' the same way (fleet/metrics.py). Request counters move when a request ends. The
 router's own counters (how often its sessions deliberated or reused a recent decision:
 router/policy/pacing.py) stay where the router keeps them and are read at each scrape
-(ChoiceCollector), and so do the prefix cache's (PrefixCacheCollector). Each Metrics has its
-own registry, so several servers (tests) in one process never share counters.
+(ChoiceCollector), and so do the prefix cache's (PrefixCacheCollector) and the cross-request
+suffix memory's size (MemoryCollector). Each Metrics has its own registry, so several
+servers (tests) in one process never share counters.
 Counters are exposed with prometheus_client's `_total` suffix, as vLLM's are (e.g.
 specrouter:spec_decode_num_draft_tokens_total{level="qwen2.5-coder-0.5b"}).
 """
@@ -20,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from specrouter.drafters.memory import SuffixMemory
 from specrouter.engine.batch import KvUse
 from specrouter.engine.prefix_cache import PrefixCacheStats
 from specrouter.engine.request import GenerationResult
@@ -74,6 +76,10 @@ class Metrics:
     def watch_prefix_cache(self, stats: PrefixCacheStats) -> None:
         """Export a scheduler's prefix cache counters (once per scheduler)."""
         self.registry.register(PrefixCacheCollector(stats))
+
+    def watch_memory(self, memory: SuffixMemory) -> None:
+        """Export the cross-request suffix memory's size (once per memory)."""
+        self.registry.register(MemoryCollector(memory))
 
     def kv(self, use: Mapping[str, KvUse]) -> None:
         """The live KV use per model (after every scheduler step); a model no sequence holds reads 0."""
@@ -185,3 +191,21 @@ class PrefixCacheCollector(Collector):
                                   value=s.queries)
         yield CounterMetricFamily("specrouter:prefix_cache_hits", "Prompt positions the target took from the prefix "
                                   "cache instead of computing them.", value=s.hits)
+
+
+class MemoryCollector(Collector):
+    """The cross-request suffix memory (drafters/memory.py), read at each scrape: the tokens
+    it holds (every partition, separators included; at most its budget, the oldest evicted
+    beyond it), the tokens ever added, and its budget."""
+
+    def __init__(self, memory: SuffixMemory) -> None:
+        self.memory = memory
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.memory
+        yield GaugeMetricFamily("specrouter:suffix_memory_tokens", "Tokens the cross-request suffix memory holds "
+                                "(every partition).", value=len(m))
+        yield CounterMetricFamily("specrouter:suffix_memory_added_tokens", "Tokens ever added to the cross-request "
+                                  "suffix memory (evicted ones included).", value=m.total)
+        yield GaugeMetricFamily("specrouter:suffix_memory_budget_tokens", "Tokens the cross-request suffix memory "
+                                "keeps at most.", value=m.budget)

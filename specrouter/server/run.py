@@ -32,6 +32,8 @@ class Engine:
     def __post_init__(self) -> None:
         self.service.metrics.watch_choices(self.router.pacing)  # its /metrics shows how the router chose
         self.service.metrics.watch_prefix_cache(self.service.scheduler.prefix_cache.stats)
+        if self.router.memory is not None:
+            self.service.metrics.watch_memory(self.router.memory)
 
 
 @contextmanager

@@ -33,6 +33,7 @@ from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.engine.chain_router import ChainRouter
 from specrouter.errors import InvalidParameterError
+from specrouter.metrics import SpecStats
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,10 @@ class PricedChoices:
     @property
     def deliberated(self) -> bool:
         return self.router.deliberated
+
+    @property
+    def lookup_stats(self) -> SpecStats:
+        return self.router.lookup_stats
 
     @property
     def batch_size(self) -> int:

@@ -7,6 +7,7 @@ import numpy as np
 from specrouter.backends.synthetic import SyntheticBackend
 from specrouter.cascade.chain import Chain, CycleRunner
 from specrouter.engine import generate
+from specrouter.metrics import SpecStats
 from specrouter.router import AcceptanceEstimator, CostProfile, OnlineCosts, Router, profile_model
 from specrouter.router.config import DEFAULT_CONFIG
 
@@ -81,6 +82,10 @@ class ScriptedRouter:
         self.target, self.chains = target, chains
         self.models = list({id(m): m for c in chains for m in c.models}.values())
         self.calls = 0
+
+    @property
+    def lookup_stats(self):
+        return SpecStats()
 
     def start(self, params, prompt_tokens, max_tokens):
         self.calls = 0

@@ -1,0 +1,312 @@
+"""Sessions through the server: edit loops, agent loops and document QA, every turn repeating
+the conversation so far, played with the official openai client against `specrouter serve`.
+
+    python -m benchmarks sessions [--concurrency 1,4,8] [--ablation-concurrency LEVELS]
+                                  [--peer-concurrency LEVELS] [--sessions 5] [--modes greedy,T=0.7]
+                                  [--workloads edit-loop,agent-loop,doc-qa] [--max-tokens N]
+                                  [--servers default,memory-off,prefix-cache-off] [--native-servers all]
+                                  [--n-ctx 4096] [--threads N] [--router-dir DIR] [--stem NAME]
+
+Workloads: benchmarks/sessions_workloads.py (five sessions each by default, the target's own
+answers fed into later turns; the agent loop's reads scripted, its writes the model's). The
+sessions run through `specrouter serve` subprocesses, one server up at a time, streamed,
+c sessions at once (a closed loop over all of them, workloads interleaved) for every c of
+--concurrency (--ablation-concurrency for the two settings after the default), in each mode
+(greedy, T=0.7):
+- `default`: prefix cache and per-key memory on (the server's defaults); requests with
+  `"speculation": "off"` (the target alone, the reference of every ratio), then `"auto"`;
+- `memory-off` (`--memory off`): auto without the cross-request memory;
+- `prefix-cache-off` (`--prefix-cache 0`): the target alone and auto without the prefix cache.
+Every run (server, method, mode, c) presents an API key of its own: its memory partition and
+its prefix caches start empty, so no run drafts from another's answers to the same sessions.
+Runs in that order on a server, whose router keeps what it learned from one run to the next
+(as a server does). Every server starts with --max-batch max(c), from one folder (a fresh one
+unless --router-dir names it; the pulled models linked; the cost profile measured at the
+first start where missing; every server started with no saved acceptance estimates). Then llama-server's peers (benchmarks/sessions_peers.py)
+replay the target alone's conversations with their own prompt cache at each c of
+--peer-concurrency, where `make native-peers` built llama-server (else the report says so).
+
+Per turn: time to first visible output, tokens/s as its client saw it (tokens over sending to
+the stream's end), prompt tokens taken from the prefix cache, the share of cycles auto drafted
+from the request's own text and from the memory (usage.speculation.lookup_sources), and the
+memory's size (/metrics, specrouter:suffix_memory_tokens). Writes JSON (checkpointed after
+every run), a markdown report and PNG plots to benchmarks/results/ (benchmarks/sessions_report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks.args import benchmark_parser, int_list, result_stem
+from benchmarks.machine import machine_info
+from benchmarks.native_server import Peer
+from benchmarks.output import save_json, write_result
+from benchmarks.servers import free_port, stop, wait_healthy
+from benchmarks.sessions_client import MODES, ChatClient, RunRecord, play_sessions
+from benchmarks.sessions_peers import SESSION_PEERS, CachedServer, peers_missing, replay
+from benchmarks.sessions_report import markdown, write_plots
+from benchmarks.sessions_workloads import MAX_TOKENS, WORKLOADS, Answer, Session, load
+from specrouter.models import default_cache_dir
+
+TARGET = "qwen2.5-coder-1.5b"
+ROOT = Path(__file__).resolve().parents[1]
+#: `specrouter serve` of this checkout, run by this interpreter (a console script on the PATH
+#: may belong to another checkout's install).
+SERVE = [sys.executable, "-c", "from specrouter.cli import main; main()", "serve"]
+SPECULATION = {"target alone": "off", "auto": "auto"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A server's setting: its flags beyond the defaults, and the methods run on it."""
+
+    label: str
+    flags: tuple[str, ...]
+    methods: tuple[str, ...]
+
+
+SETTINGS = {s.label: s for s in (Setting("default", (), ("target alone", "auto")),
+                                 Setting("memory-off", ("--memory", "off"), ("auto",)),
+                                 Setting("prefix-cache-off", ("--prefix-cache", "0"), ("target alone", "auto")))}
+
+
+@contextmanager
+def our_server(setting: Setting, folder: Path, max_batch: int, n_ctx: int, threads: int | None) -> Iterator[str]:
+    """`specrouter serve` with the setting's flags, its cache `folder` (the models linked, no
+    saved acceptance estimates: a file left by an earlier server is removed); yields its URL."""
+    (folder / "profiles" / "acceptance.json").unlink(missing_ok=True)
+    port = free_port()
+    argv = [*SERVE, "--port", str(port), "--max-batch", str(max_batch), "--n-ctx", str(n_ctx), *setting.flags]
+    if threads is not None:
+        argv += ["--threads", str(threads)]
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "SPECROUTER_CACHE": str(folder / "models"), "PYTHONPATH": path}
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url, f"the server ({setting.label})")
+        yield url
+    finally:
+        stop(proc)
+
+
+def servers_folder(folder: Path | None) -> Path:
+    """The servers' cache folder (their profiles and estimates, the user's pulled models linked
+    in as `models`): `folder`, or a fresh one."""
+    folder = Path(tempfile.mkdtemp(prefix="specrouter-sessions-bench-")) if folder is None else folder
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / "models").exists():
+        (folder / "models").symlink_to(default_cache_dir(), target_is_directory=True)
+    return folder
+
+
+def fingerprint(answer: Answer) -> str:
+    """A short digest of an answer (text and calls): greedy runs are compared by it."""
+    data = json.dumps([answer.content, [[c.name, c.arguments] for c in answer.calls]])
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def run_record(run: RunRecord) -> dict:
+    """A run as the JSON keeps it: its turns, and per session its answers' digests."""
+    out = asdict(run)
+    out["answers"] = {sid: [fingerprint(a) for a in answers] for sid, answers in run.answers.items()}
+    out["tokens_per_s"] = run.tokens_per_s
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run plays: sessions, modes, our server settings and llama-server peers, each
+    part at its concurrency levels, and the servers' context and threads."""
+
+    sessions: tuple[Session, ...]
+    modes: tuple[str, ...]
+    levels: tuple[int, ...]  # the default server's
+    ablation_levels: tuple[int, ...]  # the other settings'
+    peer_levels: tuple[int, ...]
+    settings: tuple[Setting, ...]
+    peers: tuple[Peer, ...]
+    n_ctx: int = 4096
+    threads: int | None = None
+    max_tokens: int | None = None  # every turn's cap (None: the workload's MAX_TOKENS)
+    router_dir: Path | None = None  # the servers' cache folder (None: a fresh one)
+
+    def levels_of(self, setting: Setting) -> tuple[int, ...]:
+        return self.levels if setting.label == "default" else self.ablation_levels
+
+
+def ours(plan: Plan, checkpoint: Callable[[list[RunRecord]], None]) -> dict[str, dict[str, list[Answer]]]:
+    """Every setting's runs (handed to `checkpoint` after each); returns per mode the target
+    alone's transcript on the default server at its lowest concurrency (what the peers replay)."""
+    folder, runs, transcripts = servers_folder(plan.router_dir), [], {}
+    for setting in plan.settings:
+        levels = plan.levels_of(setting)
+        with our_server(setting, folder, max(levels), plan.n_ctx, plan.threads) as url:
+            asyncio.run(_warm(ChatClient(url, TARGET, "warm-up", {"speculation": "off"})))
+            for mode in plan.modes:
+                for c in levels:
+                    for method in setting.methods:
+                        run = RunRecord(setting.label, method, mode, c)
+                        client = ChatClient(url, TARGET, f"{setting.label}/{method}/{mode}/c{c}",
+                                            {"speculation": SPECULATION[method]})
+                        asyncio.run(_play(client, plan, c, MODES[mode], run))
+                        runs.append(run)
+                        if (setting.label, method, c) == ("default", "target alone", min(levels)):
+                            transcripts[mode] = run.answers
+                        print(f"{setting.label} | {method} | {mode} | c={c}: {run.tokens_per_s:.2f} tok/s"
+                              + (f" ({run.error})" if run.error else ""), flush=True)
+                        checkpoint(runs)
+    return transcripts
+
+
+async def _warm(client: ChatClient) -> None:
+    try:
+        await client.client.chat.completions.create(model=client.model, max_tokens=4, temperature=0,
+                                                    messages=[{"role": "user", "content": "Hello"}],
+                                                    extra_body=client.extra)
+    finally:
+        await client.close()
+
+
+async def _play(client: ChatClient, plan: Plan, c: int, temperature: float, run: RunRecord) -> None:
+    try:
+        await play_sessions(client, plan.sessions, c, temperature, run, plan.max_tokens)
+    finally:
+        await client.close()
+
+
+def replayed_prompts(plan: Plan, transcripts: dict[str, dict[str, list[Answer]]]):
+    """Per mode, per session, its turns after the transcript's answers with their prompt ids
+    (the target's chat template, as our server tokenizes them); the threads the target runs with."""
+    from specrouter.chat import chat_prompt_tokens
+    from specrouter.pool import Pool
+
+    pool = Pool(n_ctx=plan.n_ctx, n_seq_max=1, n_threads=plan.threads)
+    try:
+        target = pool.level(TARGET)
+        prompts = {mode: [[(turn, chat_prompt_tokens(target, turn.template_messages(), turn.tools))
+                           for turn in (s.turn(answers[s.id][:i], plan.max_tokens)
+                                        for i in range(len(answers.get(s.id, []))))]
+                          for s in plan.sessions] for mode, answers in transcripts.items()}
+        return prompts, target.n_threads
+    finally:
+        pool.close()
+
+
+def peers(plan: Plan, transcripts: dict[str, dict[str, list[Answer]]],
+          checkpoint: Callable[[list[RunRecord]], None]) -> dict[str, str]:
+    """The llama-server peers' replays of the transcripts (handed to `checkpoint` after each);
+    returns why each peer that did not run did not."""
+    from specrouter.models import resolve_model
+
+    prompts, n_threads = replayed_prompts(plan, transcripts)
+    runs, errors = [], {}
+    for peer in plan.peers:
+        for c in plan.peer_levels:
+            try:
+                draft = resolve_model(peer.draft_model) if peer.draft_model else None
+                server = CachedServer(peer, resolve_model(TARGET), draft, n_threads, plan.n_ctx, c)
+            except Exception as exc:  # a peer that cannot run is a result to report, not a reason to stop
+                errors[peer.label] = f"{type(exc).__name__}: {exc}"
+                break
+            try:
+                for mode, replays in prompts.items():
+                    run = RunRecord(peer.label, "llama-server", mode, c)
+                    asyncio.run(replay(server.url, replays, c, MODES[mode], run))
+                    runs.append(run)
+                    print(f"{peer.label} | {mode} | c={c}: {run.tokens_per_s:.2f} tok/s"
+                          + (f" ({run.error})" if run.error else ""), flush=True)
+                    checkpoint(runs)
+            finally:
+                server.close()
+    return errors
+
+
+def run(plan: Plan, out: Path, stem: str) -> dict:
+    started = time.perf_counter()
+    workloads = list(dict.fromkeys(s.workload for s in plan.sessions))
+    result = {"machine": machine_info(), "settings": {
+        "target": TARGET, "concurrency": list(plan.levels), "ablation_concurrency": list(plan.ablation_levels),
+        "peer_concurrency": list(plan.peer_levels), "modes": list(plan.modes), "workloads": workloads,
+        "sessions_per_workload": len(plan.sessions) // max(1, len(workloads)), "n_ctx": plan.n_ctx,
+        "threads": plan.threads, "max_tokens": {w: plan.max_tokens or MAX_TOKENS[w] for w in workloads},
+        "servers": {s.label: {"flags": list(s.flags), "methods": list(s.methods)} for s in plan.settings},
+        "router_start": ("fresh folder: the cost profile measured at the first server's start" if plan.router_dir
+                         is None else f"the cost profiles in {plan.router_dir}") + "; every server started with no "
+                        "saved acceptance estimates",
+        "native_servers": [p.label for p in plan.peers], "peers_missing": peers_missing()},
+        "sessions": [{"id": s.id, "workload": s.workload, "source": s.source, "sha256": s.digest,
+                      "turns": s.n_turns} for s in plan.sessions], "runs": [], "peer_runs": [], "peer_errors": {}}
+
+    def checkpoint(key: str) -> Callable[[list[RunRecord]], None]:
+        def save(records: list[RunRecord]) -> None:
+            result[key] = [run_record(r) for r in records]
+            save_json(result, out / f"{stem}.json")
+        return save
+
+    transcripts = ours(plan, checkpoint("runs"))
+    if plan.peers and peers_missing() is None:
+        result["peer_errors"] = peers(plan, transcripts, checkpoint("peer_runs"))
+    result["minutes"] = round((time.perf_counter() - started) / 60, 1)
+    return result
+
+
+def chosen_peers(ap: argparse.ArgumentParser, text: str) -> tuple[Peer, ...]:
+    by_label = {p.label: p for p in SESSION_PEERS}
+    chosen = {"all": SESSION_PEERS, "none": ()}.get(text)
+    if chosen is None:
+        if unknown := [w for w in text.split(",") if w not in by_label]:
+            ap.error(f"unknown llama-server peers {unknown}: use all, none or {', '.join(by_label)}")
+        chosen = tuple(by_label[w] for w in text.split(","))
+    return chosen
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = benchmark_parser("sessions", __doc__, concurrency="1,4,8")
+    ap.add_argument("--ablation-concurrency", type=int_list, metavar="LEVELS",
+                    help="the memory-off and prefix-cache-off servers' levels (default: --concurrency)")
+    ap.add_argument("--peer-concurrency", type=int_list, metavar="LEVELS",
+                    help="the llama-server peers' levels (default: --concurrency)")
+    ap.add_argument("--sessions", type=int, default=5, metavar="N", help="sessions per workload (default 5)")
+    ap.add_argument("--modes", default="greedy,T=0.7", help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    ap.add_argument("--max-tokens", type=int, metavar="N", help="new tokens per turn, every workload (default: "
+                    + ", ".join(f"{w} {n}" for w, n in MAX_TOKENS.items()) + ")")
+    ap.add_argument("--servers", default=",".join(SETTINGS), help=f"our server settings: {', '.join(SETTINGS)}")
+    ap.add_argument("--native-servers", default="all", help="llama-server peers: all, none, or comma-separated "
+                    f"labels of {', '.join(p.label for p in SESSION_PEERS)}")
+    ap.add_argument("--n-ctx", type=int, default=4096, help="context per sequence, every server (default 4096)")
+    ap.add_argument("--threads", type=int, help="threads per model (default: every core)")
+    ap.add_argument("--router-dir", type=Path, metavar="DIR", help="the servers' cache folder: the cost profiles "
+                    "they read (measured where missing) and write; saved acceptance estimates there are removed "
+                    "before every server starts (default: a fresh folder; never the user's cache)")
+    args = ap.parse_args(argv)
+    modes, workloads, servers = args.modes.split(","), args.workloads.split(","), args.servers.split(",")
+    if unknown := [m for m in modes if m not in MODES] + [w for w in workloads if w not in WORKLOADS]:
+        ap.error(f"unknown modes or workloads {unknown}")
+    if unknown := [s for s in servers if s not in SETTINGS]:
+        ap.error(f"unknown servers {unknown}: use {', '.join(SETTINGS)}")
+    plan = Plan(tuple(load(workloads, args.sessions)), tuple(modes), tuple(args.concurrency),
+                tuple(args.ablation_concurrency or args.concurrency), tuple(args.peer_concurrency or args.concurrency),
+                tuple(SETTINGS[s] for s in servers), chosen_peers(ap, args.native_servers), args.n_ctx, args.threads,
+                args.max_tokens, args.router_dir)
+    stem = result_stem(args, "sessions")
+    result = run(plan, args.out, stem)
+    plots = write_plots(result, args.out, stem)
+    write_result(result, lambda r: markdown(r, plots), out=args.out, stem=stem)
+
+
+if __name__ == "__main__":
+    main()
