@@ -168,11 +168,8 @@ class StaticKV:
 
     def _inputs(self, runs: Sequence[tuple[int, Sequence[int], int, int]], bucket: Bucket) -> Inputs:
         """The bucket's inputs on the host (see the module docstring for the padding), built
-        with whole-array operations: a batch's rows cost no Python loop of tensor operations."""
-        for seq, _, pos, _ in runs:
-            if self.length(seq) != pos:
-                raise BackendError(f"{self._label}: decode at position {pos} but sequence {seq} holds "
-                                   f"{self.length(seq)} positions")
+        with whole-array operations: a batch's rows cost no Python loop of tensor operations.
+        Each run starts at its sequence's length (TorchBackend._check_item checks it)."""
         b, n, k, scratch = bucket.rows, bucket.tokens, len(runs), self._slots
         lens = np.array([len(tokens) for _, tokens, _, _ in runs], dtype=np.int64)[:, None]  # (k, 1)
         pos = np.array([p for _, _, p, _ in runs], dtype=np.int64)[:, None]
