@@ -16,8 +16,12 @@ c sessions at once (a closed loop over all of them, workloads interleaved) for e
 - `default`: prefix cache and per-key memory on (the server's defaults); requests with
   `"speculation": "off"` (the target alone, the reference of every ratio), then `"auto"`;
 - `memory-off` (`--memory off`): auto without the cross-request memory;
-- `prefix-cache-off` (`--prefix-cache 0`): the target alone and auto without the prefix cache.
-Every run (server, method, mode, c) presents an API key of its own: its memory partition and
+- `prefix-cache-off` (`--prefix-cache 0`): the target alone and auto without the prefix cache;
+- `memory-ab` (defaults): what the memory buys, interleaved on one server: the target alone,
+  auto, auto with every request opted out of the memory (`"suffix_memory": false`), the
+  same again, auto, the target alone (ABBA: the router's learning and the machine's drift
+  weigh on both alike; the report pools each method's runs).
+Every run presents an API key of its own: its memory partition and
 its prefix caches start empty, so no run drafts from another's answers to the same sessions.
 Runs in that order on a server, whose router keeps what it learned from one run to the next
 (as a server does). Every server starts with --max-batch max(c), from one folder (a fresh one
@@ -65,7 +69,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: `specrouter serve` of this checkout, run by this interpreter (a console script on the PATH
 #: may belong to another checkout's install).
 SERVE = [sys.executable, "-c", "from specrouter.cli import main; main()", "serve"]
-SPECULATION = {"target alone": "off", "auto": "auto"}
+#: What a method's requests carry beyond the conversation (the server's extensions).
+REQUEST_FIELDS = {"target alone": {"speculation": "off"}, "auto": {"speculation": "auto"},
+                  "auto, memory opted out": {"speculation": "auto", "suffix_memory": False}}
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,9 @@ class Setting:
 
 SETTINGS = {s.label: s for s in (Setting("default", (), ("target alone", "auto")),
                                  Setting("memory-off", ("--memory", "off"), ("auto",)),
-                                 Setting("prefix-cache-off", ("--prefix-cache", "0"), ("target alone", "auto")))}
+                                 Setting("prefix-cache-off", ("--prefix-cache", "0"), ("target alone", "auto")),
+                                 Setting("memory-ab", (), ("target alone", "auto", "auto, memory opted out",
+                                                           "auto, memory opted out", "auto", "target alone")))}
 
 
 @contextmanager
@@ -149,7 +157,7 @@ class Plan:
 
 def ours(plan: Plan, checkpoint: Callable[[list[RunRecord]], None]) -> dict[str, dict[str, list[Answer]]]:
     """Every setting's runs (handed to `checkpoint` after each); returns per mode the target
-    alone's transcript on the default server at its lowest concurrency (what the peers replay)."""
+    alone's first transcript at its server's lowest concurrency (what the peers replay)."""
     folder, runs, transcripts = servers_folder(plan.router_dir), [], {}
     for setting in plan.settings:
         levels = plan.levels_of(setting)
@@ -159,12 +167,12 @@ def ours(plan: Plan, checkpoint: Callable[[list[RunRecord]], None]) -> dict[str,
                 for c in levels:
                     for method in setting.methods:
                         run = RunRecord(setting.label, method, mode, c)
-                        client = ChatClient(url, TARGET, f"{setting.label}/{method}/{mode}/c{c}",
-                                            {"speculation": SPECULATION[method]})
+                        client = ChatClient(url, TARGET, f"{setting.label}/{method}/{mode}/c{c}/{len(runs)}",
+                                            REQUEST_FIELDS[method])
                         asyncio.run(_play(client, plan, c, MODES[mode], run))
                         runs.append(run)
-                        if (setting.label, method, c) == ("default", "target alone", min(levels)):
-                            transcripts[mode] = run.answers
+                        if method == "target alone" and c == min(levels):
+                            transcripts.setdefault(mode, run.answers)
                         print(f"{setting.label} | {method} | {mode} | c={c}: {run.tokens_per_s:.2f} tok/s"
                               + (f" ({run.error})" if run.error else ""), flush=True)
                         checkpoint(runs)

@@ -1,8 +1,10 @@
 """The sessions benchmark's report: tables (markdown) and per-turn curves (PNG) of a result
-of benchmarks/sessions.py. Every ratio is to the target alone on the default server (prefix
-cache on) in the same mode and at the same concurrency: of throughput for a run, of the
-same session's same turn for a turn (the median over sessions), of the workload's tokens
-over its turns' seconds for a workload."""
+of benchmarks/sessions.py. Every ratio is to the target alone's first run on the default
+server (prefix cache on; another server's where the default did not run) in the same mode
+and at the same concurrency: of throughput for a run, of the same session's same turn for a
+turn (the median over sessions), of the workload's tokens over its turns' seconds for a
+workload. A method run more than once on a server (memory-ab's ABBA) is pooled too: its
+tokens over its runs' seconds, to its server's target alone's pooled the same way."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
-REFERENCE = ("default", "target alone")
+REFERENCE = "target alone"
 SOURCES = ("request", "memory")
 
 
@@ -49,7 +51,37 @@ def _all_runs(result: dict) -> list[dict]:
 
 
 def _references(result: dict) -> dict[tuple[str, int], dict]:
-    return {(r["mode"], r["concurrency"]): r for r in result["runs"] if (r["server"], r["method"]) == REFERENCE}
+    """Per (mode, concurrency), the target alone's first run: the default server's, else the first server's."""
+    refs: dict[tuple[str, int], dict] = {}
+    for r in sorted(result["runs"], key=lambda r: r["server"] != "default"):  # stable: run order kept
+        if r["method"] == REFERENCE:
+            refs.setdefault((r["mode"], r["concurrency"]), r)
+    return refs
+
+
+def pooled_table(result: dict) -> list[str]:
+    """Methods run more than once on a server: each one's runs pooled (tokens over seconds),
+    the ratio to the same server's target alone pooled (empty when no method repeats)."""
+    groups: dict[tuple[str, str, int], list[dict]] = {}
+    for r in result["runs"]:
+        groups.setdefault((label(r), r["mode"], r["concurrency"]), []).append(r)
+    if all(len(runs) == 1 for runs in groups.values()):
+        return []
+
+    def speed(runs: list[dict]) -> float:
+        return sum(t["completion_tokens"] for r in runs for t in r["turns"]) / sum(r["seconds"] for r in runs)
+
+    lines = ["| method | mode | c | runs | tokens | seconds | tok/s | ratio | per run tok/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (name, mode, c), runs in groups.items():
+        base = [r for r in result["runs"] if r["method"] == REFERENCE and r["server"] == runs[0]["server"]
+                and (r["mode"], r["concurrency"]) == (mode, c)]
+        ratio = speed(runs) / speed(base) if base else None
+        tokens = sum(t["completion_tokens"] for r in runs for t in r["turns"])
+        lines.append(f"| {name} | {mode} | {c} | {len(runs)} | {tokens:,} | {sum(r['seconds'] for r in runs):.0f} | "
+                     f"{speed(runs):.2f} | {_fmt(ratio, '{:.3f}')} | "
+                     + ", ".join(f"{r['tokens_per_s']:.2f}" for r in runs) + " |")
+    return lines
 
 
 def _identical(run: dict, reference: dict | None) -> str:
@@ -107,14 +139,15 @@ def per_turn(result: dict, mode: str) -> dict[str, dict[tuple[str, int], dict[st
     c = min(result["settings"]["concurrency"])
     ref = _references(result).get((mode, c))
     base = {(t["session"], t["turn"]): _speed(t) for t in ref["turns"]} if ref else {}
-    out: dict[str, dict[tuple[str, int], dict[str, float | None]]] = {}
+    by_label: dict[str, dict[tuple[str, int], list[dict]]] = {}
     for r in _all_runs(result):
-        if r["mode"] != mode or r["concurrency"] != c:
-            continue
-        groups: dict[tuple[str, int], list[dict]] = {}
-        for t in r["turns"]:
-            groups.setdefault((t["workload"], t["turn"]), []).append(t)
-        out[label(r)] = {key: {
+        if r["mode"] == mode and r["concurrency"] == c:
+            groups = by_label.setdefault(label(r), {})  # a repeated method's runs: one curve
+            for t in r["turns"]:
+                groups.setdefault((t["workload"], t["turn"]), []).append(t)
+    out: dict[str, dict[tuple[str, int], dict[str, float | None]]] = {}
+    for name, groups in by_label.items():
+        out[name] = {key: {
             "tokens_per_s": _median(_speed(t) for t in turns),
             "ratio": _median(_speed(t) / base[t["session"], t["turn"]] if base.get((t["session"], t["turn"]))
                              else None for t in turns),
@@ -158,7 +191,8 @@ def markdown(result: dict, plots: list[str]) -> str:
         f"{', '.join(map(str, s.get('ablation_concurrency', s['concurrency'])))}; llama-server: "
         f"{', '.join(map(str, s.get('peer_concurrency', s['concurrency'])))}). Servers, one up at a time: {servers}. "
         f"Router: {s['router_start']}. Every run has its own API key (its own memory partition and prefix "
-        "caches). Ratios: to the target alone on the default server, same mode and concurrency.",
+        "caches). Ratios: to the target alone's first run on the default server (else the first server that ran it), "
+        "same mode and concurrency.",
         "", "llama-server peers: " + (s["peers_missing"] or ", ".join(s["native_servers"]) or "none asked for")
         + "".join(f"; {k} unavailable: {v}" for k, v in result.get("peer_errors", {}).items()) + ".", "",
         "## Runs", "", *runs_table(result), "",
@@ -167,6 +201,8 @@ def markdown(result: dict, plots: list[str]) -> str:
         "whose block its model-free lookup drafted from the request's own text / from the cross-request memory. "
         "Memory growth: what the run added to the memory (all partitions).", "",
         "## Per workload (tokens over the turns' seconds)", "", *workloads_table(result), ""]
+    if pooled := pooled_table(result):
+        lines += ["## Repeated methods, pooled (tokens over the runs' seconds)", "", *pooled, ""]
     for mode in s["modes"]:
         lines += [f"## Per turn, {mode}, {c} session{'s' if c > 1 else ''} at once (medians over sessions)", "",
                   *turns_table(result, mode), ""]

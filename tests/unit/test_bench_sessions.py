@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks import sessions
 from benchmarks.sessions_client import ChatClient, RunRecord, memory_tokens, play_sessions
-from benchmarks.sessions_report import markdown, per_turn, runs_table, write_plots
+from benchmarks.sessions_report import markdown, per_turn, pooled_table, runs_table, write_plots
 from benchmarks.sessions_workloads import (AGENT_CUTS, DOC_QUESTIONS, EDIT_CUTS, EDIT_REPLY, MAX_TOKENS, Answer,
                                            Call, Message, Session, Turn, cut_text, load,
                                            stdlib_source)
@@ -153,6 +153,26 @@ def test_the_report_takes_ratios_to_the_target_alone_per_run_and_per_turn():
     assert (curves["request"], curves["memory"], curves["memory_tokens"]) == (0.3, 0.05, 100)
 
 
+def test_an_interleaved_ab_pools_each_methods_runs_on_its_server():
+    """memory-ab's ABBA: each method's runs pooled (tokens over seconds), ratios to the same
+    server's target alone pooled; per-run ratios to the first target alone run; the per-turn
+    curve of a repeated method the median over all its runs' turns."""
+    def ab(method: str, seconds: float, tokens: int) -> dict:
+        return {**run(method, seconds, [turn("s1", 0, tokens, seconds)], {"s1": ["a"]}), "server": "memory-ab"}
+
+    runs = [ab("target alone", 10.0, 100), ab("auto", 5.0, 100), ab("auto, memory opted out", 4.0, 100),
+            ab("auto, memory opted out", 6.0, 110), ab("auto", 3.0, 80), ab("target alone", 12.0, 120)]
+    result = {"settings": {"concurrency": [1], "workloads": ["edit-loop"]}, "runs": runs}
+    assert pooled_table(result)[2:] == [
+        "| target alone, memory-ab | greedy | 1 | 2 | 220 | 22 | 10.00 | 1.000 | 10.00, 10.00 |",
+        "| auto, memory-ab | greedy | 1 | 2 | 180 | 8 | 22.50 | 2.250 | 20.00, 26.67 |",
+        "| auto, memory opted out, memory-ab | greedy | 1 | 2 | 210 | 10 | 21.00 | 2.100 | 25.00, 18.33 |"]
+    assert runs_table(result)[3].startswith("| auto, memory-ab | greedy | 1 | 1 | 100 | 20.00 | 2.000 |")
+    curve = per_turn(result, "greedy")["auto, memory-ab"][("edit-loop", 0)]
+    assert curve["tokens_per_s"] == (20.0 + 80 / 3) / 2  # the median of both runs' turn
+    assert pooled_table({"settings": result["settings"], "runs": runs[:3]}) == []  # nothing repeated
+
+
 def test_the_client_plays_a_session_through_the_server_feeding_each_answer_back():
     """Through the synthetic server: five streamed turns, each prompt the last one plus its
     answer and the next instruction, the memory's size read after each; twice the same."""
@@ -235,3 +255,37 @@ def test_a_run_plays_every_setting_one_server_at_a_time_and_writes_its_report(tm
     assert result["peer_runs"] == [] and result["settings"]["native_servers"] == []
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "run-concurrency.png", "run-turns-greedy.png", "run.json", "run.md"]
+
+
+def test_memory_ab_interleaves_opted_out_runs_each_under_a_key_of_its_own(tmp_path, monkeypatch):
+    """memory-ab on one server: the target alone first and last, auto and opted-out auto
+    ABBA between; an opted-out run adds nothing to the memory, auto's runs do, and no run
+    finds another's texts (a key each: a repeated method starts from an empty partition)."""
+    @contextmanager
+    def synthetic_server(setting, folder, max_batch, n_ctx, threads):
+        service, _ = build_service(memory=SuffixMemory(100_000), n_ctx=8192)
+        with running_server(service, memory="per-key") as (url, _):
+            yield url
+
+    keys: list[str] = []
+
+    class KeyedClient(sessions.ChatClient):
+        def __init__(self, url, model, key, extra=None):
+            keys.append(key)
+            super().__init__(url, model, key, extra)
+
+    monkeypatch.setattr(sessions, "our_server", synthetic_server)
+    monkeypatch.setattr(sessions, "TARGET", MODEL)
+    monkeypatch.setattr(sessions, "ChatClient", KeyedClient)
+    sessions.main(["--workloads", "edit-loop", "--sessions", "1", "--concurrency", "1", "--modes", "greedy",
+                   "--servers", "memory-ab", "--native-servers", "none", "--max-tokens", "8",
+                   "--router-dir", str(tmp_path / "servers"), "--out", str(tmp_path / "out"), "--stem", "ab"])
+    runs = json.loads((tmp_path / "out" / "ab.json").read_text())["runs"]
+    assert [r["method"] for r in runs] == ["target alone", "auto", "auto, memory opted out", "auto, memory opted out",
+                                           "auto", "target alone"]
+    growth = [r["turns"][-1]["memory_tokens"] - r["memory_before"] for r in runs]
+    assert growth[1] > 0 and growth[4] == growth[1]  # auto's runs: the same texts, each in its own partition
+    assert growth[2] == growth[3] == growth[0] == growth[5] == 0
+    assert all(r["answers"] == runs[0]["answers"] for r in runs)  # greedy: every method wrote the target alone's
+    assert len(set(keys[1:])) == 6  # after the warm-up's, a key per run
+    assert "## Repeated methods, pooled" in (tmp_path / "out" / "ab.md").read_text()
