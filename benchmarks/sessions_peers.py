@@ -104,7 +104,10 @@ async def replay(url: str, sessions: Sequence[Sequence[tuple[Turn, list[int]]]],
                 run.turns.append(await play_turn(http, turn, tokens, temperature))
 
     start = time.perf_counter()
-    async with httpx.AsyncClient(base_url=url, timeout=TURN_SECONDS) as http:
+    # A connection per request: llama-server may close a connection after a streamed
+    # answer, and a request sent on it as it closes gets no response.
+    async with httpx.AsyncClient(base_url=url, timeout=TURN_SECONDS,
+                                 limits=httpx.Limits(max_keepalive_connections=0)) as http:
         try:
             async with asyncio.TaskGroup() as group:
                 for _ in range(concurrency):
