@@ -68,19 +68,18 @@ def pooled_table(result: dict) -> list[str]:
     if all(len(runs) == 1 for runs in groups.values()):
         return []
 
-    def speed(runs: list[dict]) -> float:
-        return sum(t["completion_tokens"] for r in runs for t in r["turns"]) / sum(r["seconds"] for r in runs)
+    def totals(runs: list[dict]) -> tuple[int, float]:
+        return sum(t["completion_tokens"] for r in runs for t in r["turns"]), sum(r["seconds"] for r in runs)
 
     lines = ["| method | mode | c | runs | tokens | seconds | tok/s | ratio | per run tok/s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for (name, mode, c), runs in groups.items():
-        base = [r for r in result["runs"] if r["method"] == REFERENCE and r["server"] == runs[0]["server"]
-                and (r["mode"], r["concurrency"]) == (mode, c)]
-        ratio = speed(runs) / speed(base) if base else None
-        tokens = sum(t["completion_tokens"] for r in runs for t in r["turns"])
-        lines.append(f"| {name} | {mode} | {c} | {len(runs)} | {tokens:,} | {sum(r['seconds'] for r in runs):.0f} | "
-                     f"{speed(runs):.2f} | {_fmt(ratio, '{:.3f}')} | "
-                     + ", ".join(f"{r['tokens_per_s']:.2f}" for r in runs) + " |")
+        tokens, seconds = totals(runs)
+        base = groups.get((label({"server": runs[0]["server"], "method": REFERENCE}), mode, c))
+        base_tokens, base_seconds = totals(base) if base else (0, 0.0)
+        ratio = tokens / seconds / (base_tokens / base_seconds) if base_tokens else None
+        lines.append(f"| {name} | {mode} | {c} | {len(runs)} | {tokens:,} | {seconds:.0f} | {tokens / seconds:.2f} | "
+                     f"{_fmt(ratio, '{:.3f}')} | " + ", ".join(f"{r['tokens_per_s']:.2f}" for r in runs) + " |")
     return lines
 
 
