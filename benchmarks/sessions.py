@@ -6,6 +6,7 @@ the conversation so far, played with the official openai client against `specrou
                                   [--workloads edit-loop,agent-loop,doc-qa] [--max-tokens N]
                                   [--servers default,memory-off,prefix-cache-off] [--native-servers all]
                                   [--n-ctx 4096] [--threads N] [--router-dir DIR] [--stem NAME]
+                                  [--interleave-peers]
 
 Workloads: benchmarks/sessions_workloads.py (five sessions each by default, the target's own
 answers fed into later turns; the agent loop's reads scripted, its writes the model's). The
@@ -29,6 +30,10 @@ unless --router-dir names it; the pulled models linked; the cost profile measure
 first start where missing; every server started with no saved acceptance estimates). Then llama-server's peers (benchmarks/sessions_peers.py)
 replay the target alone's conversations with their own prompt cache at each c of
 --peer-concurrency, where `make native-peers` built llama-server (else the report says so).
+With --interleave-peers (c = 1, the default server) the peers run between our runs instead:
+one session at a time, our server and every peer up at once, the target alone plays the
+session, each peer replays its transcript, then auto plays it (`interleaved`): on a machine
+whose speed drifts over an hour, every ratio then compares minutes that ran together.
 
 Per turn: time to first visible output, tokens/s as its client saw it (tokens over sending to
 the stream's end), prompt tokens taken from the prefix cache, the share of cycles auto drafted
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -49,8 +55,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchmarks.args import benchmark_parser, int_list, result_stem
@@ -60,8 +65,8 @@ from benchmarks.output import save_json, write_result
 from benchmarks.servers import free_port, stop, wait_healthy
 from benchmarks.sessions_client import MODES, ChatClient, RunRecord, play_sessions
 from benchmarks.sessions_peers import SESSION_PEERS, CachedServer, peers_missing, replay
-from benchmarks.sessions_report import markdown, write_plots
-from benchmarks.sessions_workloads import MAX_TOKENS, WORKLOADS, Answer, Session, load
+from benchmarks.sessions_report import REFERENCE, markdown, write_plots
+from benchmarks.sessions_workloads import MAX_TOKENS, WORKLOADS, Answer, Session, Turn, load
 from specrouter.models import default_cache_dir
 
 TARGET = "qwen2.5-coder-1.5b"
@@ -90,7 +95,7 @@ SETTINGS = {s.label: s for s in (Setting("default", (), ("target alone", "auto")
                                                            "auto, memory opted out", "auto", "target alone")))}
 
 
-@contextmanager
+@contextlib.contextmanager
 def our_server(setting: Setting, folder: Path, max_batch: int, n_ctx: int, threads: int | None) -> Iterator[str]:
     """`specrouter serve` with the setting's flags, its cache `folder` (the models linked, no
     saved acceptance estimates: a file left by an earlier server is removed); yields its URL."""
@@ -150,6 +155,7 @@ class Plan:
     threads: int | None = None
     max_tokens: int | None = None  # every turn's cap (None: the workload's MAX_TOKENS)
     router_dir: Path | None = None  # the servers' cache folder (None: a fresh one)
+    interleave_peers: bool = False  # c = 1, the default server: the peers one session at a time (interleaved)
 
     def levels_of(self, setting: Setting) -> tuple[int, ...]:
         return self.levels if setting.label == "default" else self.ablation_levels
@@ -169,12 +175,11 @@ def ours(plan: Plan, checkpoint: Callable[[list[RunRecord]], None]) -> dict[str,
                         run = RunRecord(setting.label, method, mode, c)
                         client = ChatClient(url, TARGET, f"{setting.label}/{method}/{mode}/c{c}/{len(runs)}",
                                             REQUEST_FIELDS[method])
-                        asyncio.run(_play(client, plan, c, MODES[mode], run))
+                        asyncio.run(_play(client, plan.sessions, plan, c, MODES[mode], run))
                         runs.append(run)
-                        if method == "target alone" and c == min(levels):
+                        if method == REFERENCE and c == min(levels):
                             transcripts.setdefault(mode, run.answers)
-                        print(f"{setting.label} | {method} | {mode} | c={c}: {run.tokens_per_s:.2f} tok/s"
-                              + (f" ({run.error})" if run.error else ""), flush=True)
+                        _report(run)
                         checkpoint(runs)
     return transcripts
 
@@ -188,44 +193,68 @@ async def _warm(client: ChatClient) -> None:
         await client.close()
 
 
-async def _play(client: ChatClient, plan: Plan, c: int, temperature: float, run: RunRecord) -> None:
+async def _play(client: ChatClient, sessions: Sequence[Session], plan: Plan, c: int, temperature: float,
+                run: RunRecord) -> None:
     try:
-        await play_sessions(client, plan.sessions, c, temperature, run, plan.max_tokens)
+        await play_sessions(client, sessions, c, temperature, run, plan.max_tokens)
     finally:
         await client.close()
 
 
-def replayed_prompts(plan: Plan, transcripts: dict[str, dict[str, list[Answer]]]):
-    """Per mode, per session, its turns after the transcript's answers with their prompt ids
-    (the target's chat template, as our server tokenizes them); the threads the target runs with."""
-    from specrouter.chat import chat_prompt_tokens
-    from specrouter.pool import Pool
+class PromptRenderer:
+    """The peers' prompts: a session's turns after a transcript's answers with their prompt
+    ids (the target's chat template, as our server tokenizes them), turns that force a tool
+    call left out (sessions_peers.py). Holds the target (its tokenizer) while open."""
 
-    pool = Pool(n_ctx=plan.n_ctx, n_seq_max=1, n_threads=plan.threads)
-    try:
-        target = pool.level(TARGET)
-        prompts = {mode: [[(turn, chat_prompt_tokens(target, turn.template_messages(), turn.tools))
-                           for turn in (s.turn(answers[s.id][:i], plan.max_tokens)
-                                        for i in range(len(answers.get(s.id, []))))]
-                          for s in plan.sessions] for mode, answers in transcripts.items()}
-        return prompts, target.n_threads
-    finally:
-        pool.close()
+    def __init__(self, plan: Plan) -> None:
+        from specrouter.pool import Pool
+
+        self.plan = plan
+        self.pool = Pool(n_ctx=plan.n_ctx, n_seq_max=1, n_threads=plan.threads)
+        try:
+            self.target = self.pool.level(TARGET)
+        except BaseException:
+            self.pool.close()
+            raise
+
+    @property
+    def n_threads(self) -> int:
+        return self.target.n_threads
+
+    def turns(self, session: Session, answers: Sequence[Answer]) -> list[tuple[Turn, list[int]]]:
+        from specrouter.chat import chat_prompt_tokens
+
+        played = (session.turn(answers[:i], self.plan.max_tokens) for i in range(len(answers)))
+        return [(turn, chat_prompt_tokens(self.target, turn.template_messages(), turn.tools))
+                for turn in played if not turn.forced]
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def peer_server(plan: Plan, peer: Peer, n_threads: int, slots: int) -> CachedServer:
+    from specrouter.models import resolve_model
+
+    draft = resolve_model(peer.draft_model) if peer.draft_model else None
+    return CachedServer(peer, resolve_model(TARGET), draft, n_threads, plan.n_ctx, slots)
 
 
 def peers(plan: Plan, transcripts: dict[str, dict[str, list[Answer]]],
           checkpoint: Callable[[list[RunRecord]], None]) -> dict[str, str]:
     """The llama-server peers' replays of the transcripts (handed to `checkpoint` after each);
     returns why each peer that did not run did not."""
-    from specrouter.models import resolve_model
-
-    prompts, n_threads = replayed_prompts(plan, transcripts)
+    renderer = PromptRenderer(plan)
+    try:
+        prompts = {mode: [renderer.turns(s, answers.get(s.id, [])) for s in plan.sessions]
+                   for mode, answers in transcripts.items()}
+        n_threads = renderer.n_threads
+    finally:
+        renderer.close()
     runs, errors = [], {}
     for peer in plan.peers:
         for c in plan.peer_levels:
             try:
-                draft = resolve_model(peer.draft_model) if peer.draft_model else None
-                server = CachedServer(peer, resolve_model(TARGET), draft, n_threads, plan.n_ctx, c)
+                server = peer_server(plan, peer, n_threads, c)
             except Exception as exc:  # a peer that cannot run is a result to report, not a reason to stop
                 errors[peer.label] = f"{type(exc).__name__}: {exc}"
                 break
@@ -234,12 +263,58 @@ def peers(plan: Plan, transcripts: dict[str, dict[str, list[Answer]]],
                     run = RunRecord(peer.label, "llama-server", mode, c)
                     asyncio.run(replay(server.url, replays, c, MODES[mode], run))
                     runs.append(run)
-                    print(f"{peer.label} | {mode} | c={c}: {run.tokens_per_s:.2f} tok/s"
-                          + (f" ({run.error})" if run.error else ""), flush=True)
+                    _report(run)
                     checkpoint(runs)
             finally:
                 server.close()
     return errors
+
+
+def interleaved(plan: Plan, checkpoint_runs: Callable[[list[RunRecord]], None],
+                checkpoint_peers: Callable[[list[RunRecord]], None]) -> dict[str, str]:
+    """One session at a time, the default server and every peer up at once (an idle server
+    costs nothing): per mode and session, the target alone plays it, each peer replays that
+    transcript at once, then auto plays it; a method's sessions add up into one run per mode.
+    Ratios then share the machine's state of the minutes they ran in. Returns why each
+    peer that did not run did not."""
+    setting, runs, peer_runs, errors = SETTINGS["default"], [], [], {}
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(our_server(setting, servers_folder(plan.router_dir), 1, plan.n_ctx, plan.threads))
+        renderer = stack.enter_context(contextlib.closing(PromptRenderer(plan)))
+        servers = {}
+        for peer in plan.peers:
+            try:
+                servers[peer.label] = stack.enter_context(contextlib.closing(
+                    peer_server(plan, peer, renderer.n_threads, 1)))
+            except Exception as exc:  # a peer that cannot run is a result to report, not a reason to stop
+                errors[peer.label] = f"{type(exc).__name__}: {exc}"
+        asyncio.run(_warm(ChatClient(url, TARGET, "warm-up", {"speculation": "off"})))
+        for mode in plan.modes:
+            ours_ = {m: RunRecord(setting.label, m, mode, 1) for m in setting.methods}
+            theirs = {label: RunRecord(label, "llama-server", mode, 1) for label in servers}
+            runs += ours_.values()
+            peer_runs += theirs.values()
+            for session in plan.sessions:
+                for method, run in ours_.items():
+                    if run.error is None:
+                        client = ChatClient(url, TARGET, f"{setting.label}/{method}/{mode}/interleaved",
+                                            REQUEST_FIELDS[method])
+                        asyncio.run(_play(client, [session], plan, 1, MODES[mode], run))
+                    if method == REFERENCE:
+                        replays = renderer.turns(session, ours_[REFERENCE].answers.get(session.id, []))
+                        for label, server in servers.items():
+                            if theirs[label].error is None:
+                                asyncio.run(replay(server.url, [replays], 1, MODES[mode], theirs[label]))
+                checkpoint_runs(runs)
+                checkpoint_peers(peer_runs)
+            for run in [*ours_.values(), *theirs.values()]:
+                _report(run)
+    return errors
+
+
+def _report(run: RunRecord) -> None:
+    print(f"{run.server} | {run.method} | {run.mode} | c={run.concurrency}: {run.tokens_per_s:.2f} tok/s"
+          + (f" ({run.error})" if run.error else ""), flush=True)
 
 
 def run(plan: Plan, out: Path, stem: str) -> dict:
@@ -254,7 +329,8 @@ def run(plan: Plan, out: Path, stem: str) -> dict:
         "router_start": ("fresh folder: the cost profile measured at the first server's start" if plan.router_dir
                          is None else f"the cost profiles in {plan.router_dir}") + "; every server started with no "
                         "saved acceptance estimates",
-        "native_servers": [p.label for p in plan.peers], "peers_missing": peers_missing()},
+        "native_servers": [p.label for p in plan.peers], "peers_missing": peers_missing(),
+        "interleaved": plan.interleave_peers},
         "sessions": [{"id": s.id, "workload": s.workload, "source": s.source, "sha256": s.digest,
                       "turns": s.n_turns} for s in plan.sessions], "runs": [], "peer_runs": [], "peer_errors": {}}
 
@@ -264,9 +340,13 @@ def run(plan: Plan, out: Path, stem: str) -> dict:
             save_json(result, out / f"{stem}.json")
         return save
 
-    transcripts = ours(plan, checkpoint("runs"))
-    if plan.peers and peers_missing() is None:
-        result["peer_errors"] = peers(plan, transcripts, checkpoint("peer_runs"))
+    if plan.interleave_peers:
+        plan = replace(plan, peers=plan.peers if peers_missing() is None else ())
+        result["peer_errors"] = interleaved(plan, checkpoint("runs"), checkpoint("peer_runs"))
+    else:
+        transcripts = ours(plan, checkpoint("runs"))
+        if plan.peers and peers_missing() is None:
+            result["peer_errors"] = peers(plan, transcripts, checkpoint("peer_runs"))
     result["minutes"] = round((time.perf_counter() - started) / 60, 1)
     return result
 
@@ -300,7 +380,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--router-dir", type=Path, metavar="DIR", help="the servers' cache folder: the cost profiles "
                     "they read (measured where missing) and write; saved acceptance estimates there are removed "
                     "before every server starts (default: a fresh folder; never the user's cache)")
+    ap.add_argument("--interleave-peers", action="store_true", help="one session at a time, our default server "
+                    "and the peers up at once: per session the target alone, each peer's replay, then auto "
+                    "(needs --concurrency 1 --servers default)")
     args = ap.parse_args(argv)
+    if args.interleave_peers and (args.concurrency != [1] or args.servers != "default"):
+        ap.error("--interleave-peers runs one session at a time on the default server: "
+                 "give --concurrency 1 --servers default")
     modes, workloads, servers = args.modes.split(","), args.workloads.split(","), args.servers.split(",")
     if unknown := [m for m in modes if m not in MODES] + [w for w in workloads if w not in WORKLOADS]:
         ap.error(f"unknown modes or workloads {unknown}")
@@ -309,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     plan = Plan(tuple(load(workloads, args.sessions)), tuple(modes), tuple(args.concurrency),
                 tuple(args.ablation_concurrency or args.concurrency), tuple(args.peer_concurrency or args.concurrency),
                 tuple(SETTINGS[s] for s in servers), chosen_peers(ap, args.native_servers), args.n_ctx, args.threads,
-                args.max_tokens, args.router_dir)
+                args.max_tokens, args.router_dir, args.interleave_peers)
     stem = result_stem(args, "sessions")
     result = run(plan, args.out, stem)
     plots = write_plots(result, args.out, stem)

@@ -154,9 +154,11 @@ def _record(turn: Turn, usage, sent: float, first: float | None, done: float, fi
 async def play_sessions(client: ChatClient, sessions: Sequence[Session], concurrency: int, temperature: float,
                         run: RunRecord, max_tokens: int | None = None, watch_memory: bool = True) -> RunRecord:
     """Play every session, `concurrency` at once (a closed loop: a finished session's place is
-    taken by the next), filling `run`; a failed turn ends the run with its error recorded."""
+    taken by the next), filling `run`; a failed turn ends the run with its error recorded. A
+    run played in parts (a session at a time) adds up their seconds; its memory_before is
+    the first part's."""
     todo = list(sessions)
-    if watch_memory:
+    if watch_memory and run.memory_before is None:
         run.memory_before = await client.memory()
 
     async def worker() -> None:
@@ -178,5 +180,5 @@ async def play_sessions(client: ChatClient, sessions: Sequence[Session], concurr
     except* (openai.OpenAIError, httpx.HTTPError) as failed:
         exc = failed.exceptions[0]
         run.error = f"{type(exc).__name__}: {exc}"
-    run.seconds = time.perf_counter() - start
+    run.seconds += time.perf_counter() - start
     return run

@@ -8,8 +8,9 @@ the target alone's first i answers, rendered by the target's chat template into 
 token ids as our server tokenizes (the prompt sent as ids to /completion, streamed). The
 peer's own answer is timed, not fed back: llama-server's output under its speculation is the
 target's (greedy) or a sample of it (T=0.7), so the timings are of the same work, and every
-peer gets the same prompts. A forced write_file call is not forced there (no grammar): the
-peer writes what it writes, within the turn's max_tokens.
+peer gets the same prompts. A turn that forces a tool call (every agent-loop turn forces its
+write_file) is not replayed: nothing forces the call there, so the peer's answer would not
+be the same work (the report compares a peer with the target alone over the turns both played).
 
 Every server has as many slots (`-np`) as the sessions in flight, each with the engine's
 context, and its prompt cache on: requests send `cache_prompt: true` (a slot keeps its last
@@ -95,7 +96,8 @@ async def play_turn(http: httpx.AsyncClient, turn: Turn, tokens: list[int], temp
 async def replay(url: str, sessions: Sequence[Sequence[tuple[Turn, list[int]]]], concurrency: int,
                  temperature: float, run: RunRecord) -> RunRecord:
     """Every session's turns (its requests and their prompt ids) in order, `concurrency`
-    sessions at once (a closed loop); a failed turn ends the run with its error recorded."""
+    sessions at once (a closed loop); a failed turn ends the run with its error recorded. A
+    run replayed in parts (a session at a time) adds up their seconds."""
     todo = list(sessions)
 
     async def worker(http: httpx.AsyncClient) -> None:
@@ -115,5 +117,5 @@ async def replay(url: str, sessions: Sequence[Sequence[tuple[Turn, list[int]]]],
         except* httpx.HTTPError as failed:
             exc = failed.exceptions[0]
             run.error = f"{type(exc).__name__}: {exc}"
-    run.seconds = time.perf_counter() - start
+    run.seconds += time.perf_counter() - start
     return run

@@ -111,22 +111,29 @@ def runs_table(result: dict) -> list[str]:
     return lines
 
 
-def _workload_speed(turns: list[dict], workload: str) -> float | None:
-    mine = [t for t in turns if t["workload"] == workload]
+def _workload_speed(turns: list[dict], workload: str, keys: set[tuple[str, int]] | None = None) -> float | None:
+    """Tokens over seconds of the workload's turns (those of `keys` (session, turn) where given)."""
+    mine = [t for t in turns if t["workload"] == workload and (keys is None or (t["session"], t["turn"]) in keys)]
     seconds = sum(t["seconds"] for t in mine)
     return sum(t["completion_tokens"] for t in mine) / seconds if seconds else None
 
 
 def workloads_table(result: dict) -> list[str]:
+    """Per run and workload, tok/s over its turns and the ratio to the reference's same turns
+    (a peer does not replay a forced tool call's turn)."""
     refs, workloads = _references(result), result["settings"]["workloads"]
     lines = ["| method | mode | c | " + " | ".join(f"{w} tok/s (ratio)" for w in workloads) + " |",
              "|---|---|---|" + "---|" * len(workloads)]
     for r in _all_runs(result):
         ref = refs.get((r["mode"], r["concurrency"]))
+        both = {(t["session"], t["turn"]) for t in r["turns"]} & {(t["session"], t["turn"]) for t in ref["turns"]} \
+            if ref else set()
         cells = []
         for w in workloads:
-            mine, base = _workload_speed(r["turns"], w), _workload_speed(ref["turns"], w) if ref else None
-            cells.append(f"{_fmt(mine)} ({_fmt(mine / base if mine and base else None, '{:.3f}')})")
+            mine, base = _workload_speed(r["turns"], w), _workload_speed(ref["turns"], w, both) if ref else None
+            shared = _workload_speed(r["turns"], w, both)
+            ratio = shared / base if shared and base else None
+            cells.append(f"{_fmt(mine)} ({_fmt(ratio, '{:.3f}')})")
         lines.append(f"| {label(r)} | {r['mode']} | {r['concurrency']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -178,6 +185,8 @@ def markdown(result: dict, plots: list[str]) -> str:
     servers = "; ".join(f"`{k}` ({' '.join(v['flags']) or 'defaults'}: {', '.join(v['methods'])})"
                         for k, v in s["servers"].items())
     c = min(s["concurrency"])
+    order = ("up together, one session at a time: the target alone, each llama-server peer's replay of its "
+             "transcript, then auto" if s.get("interleaved") else "one up at a time")
     lines = [
         f"# Sessions through the server ({m['date']})", "",
         f"Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, llama-cpp-python {m['llama_cpp_python']}. "
@@ -188,7 +197,7 @@ def markdown(result: dict, plots: list[str]) -> str:
         f"answers fed into later turns (the agent loop's reads scripted). Modes {', '.join(s['modes'])}; "
         f"sessions {', '.join(map(str, s['concurrency']))} at once (the memory-off and prefix-cache-off servers: "
         f"{', '.join(map(str, s.get('ablation_concurrency', s['concurrency'])))}; llama-server: "
-        f"{', '.join(map(str, s.get('peer_concurrency', s['concurrency'])))}). Servers, one up at a time: {servers}. "
+        f"{', '.join(map(str, s.get('peer_concurrency', s['concurrency'])))}). Servers, {order}: {servers}. "
         f"Router: {s['router_start']}. Every run has its own API key (its own memory partition and prefix "
         "caches). Ratios: to the target alone's first run on the default server (else the first server that ran it), "
         "same mode and concurrency.",

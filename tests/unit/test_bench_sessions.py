@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import threading
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from benchmarks import sessions
 from benchmarks.sessions_client import ChatClient, RunRecord, memory_tokens, play_sessions
-from benchmarks.sessions_report import markdown, per_turn, pooled_table, runs_table, write_plots
+from benchmarks.sessions_report import markdown, per_turn, pooled_table, runs_table, workloads_table, write_plots
 from benchmarks.sessions_workloads import (AGENT_CUTS, DOC_QUESTIONS, EDIT_CUTS, EDIT_REPLY, MAX_TOKENS, Answer,
                                            Call, Message, Session, Turn, cut_text, load,
                                            stdlib_source)
@@ -289,3 +291,118 @@ def test_memory_ab_interleaves_opted_out_runs_each_under_a_key_of_its_own(tmp_pa
     assert all(r["answers"] == runs[0]["answers"] for r in runs)  # greedy: every method wrote the target alone's
     assert len(set(keys[1:])) == 6  # after the warm-up's, a key per run
     assert "## Repeated methods, pooled" in (tmp_path / "out" / "ab.md").read_text()
+
+
+class _PeerHandler(BaseHTTPRequestHandler):
+    """A stand-in llama-server: every /completion answers two tokens, logged as (its label, the prompt)."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.log.append((self.server.label, tuple(body["prompt"])))
+        events = [{"content": "x"}, {"content": "y"},
+                  {"content": "", "stop": True, "stop_type": "limit", "timings": {"cache_n": 0, "predicted_n": 2}}]
+        payload = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in events)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class _FakePeer:
+    def __init__(self, label: str, log: list) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _PeerHandler)
+        self.server.label, self.server.log = label, log
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_interleaved_peers_replay_each_session_between_the_target_alone_and_auto(tmp_path, monkeypatch):
+    """--interleave-peers: one session at a time, the target alone, then every peer replaying
+    that session's transcript (as the target's template renders it), then auto; a method's
+    sessions add up into one run; a peer that cannot start is reported and the others run.
+    A turn that forces a tool call is not replayed."""
+    log: list = []
+
+    @contextmanager
+    def synthetic_server(setting, folder, max_batch, n_ctx, threads):
+        assert (setting.label, max_batch) == ("default", 1)
+        service, _ = build_service(memory=SuffixMemory(100_000), n_ctx=8192)
+        with running_server(service, memory="per-key") as (url, _):
+            yield url
+
+    def peer_server(plan, peer, n_threads, slots):
+        if peer.draft_model:
+            raise FileNotFoundError("no draft here")
+        return _FakePeer(peer.label, log)
+
+    class Renderer(sessions.PromptRenderer):
+        def __init__(self, plan):
+            self.plan, self.target = plan, SyntheticBackend("target", vocab=4096, chat_template=TEMPLATE)
+
+        def close(self):
+            pass
+
+    real_play = sessions.play_sessions
+    records: dict[str, RunRecord] = {}
+
+    async def logged_play(client, played, c, temperature, run, max_tokens=None, watch_memory=True):
+        log.append((run.method, tuple(s.id for s in played)))
+        records[run.method] = run
+        return await real_play(client, played, c, temperature, run, max_tokens, watch_memory)
+
+    for name, value in {"our_server": synthetic_server, "peer_server": peer_server, "PromptRenderer": Renderer,
+                        "play_sessions": logged_play, "TARGET": MODEL, "peers_missing": lambda: None}.items():
+        monkeypatch.setattr(sessions, name, value)
+    sessions.main(["--workloads", "edit-loop,doc-qa", "--sessions", "1", "--concurrency", "1", "--modes",
+                   "greedy", "--servers", "default", "--max-tokens", "8", "--interleave-peers",
+                   "--router-dir", str(tmp_path / "servers"), "--out", str(tmp_path / "out"), "--stem", "il"])
+    result = json.loads((tmp_path / "out" / "il.json").read_text())
+    played = load(["edit-loop", "doc-qa"], 1)
+    peers = [p.label for p in sessions.SESSION_PEERS if not p.draft_model]
+    assert result["peer_errors"] == {p.label: "FileNotFoundError: no draft here"
+                                     for p in sessions.SESSION_PEERS if p.draft_model}
+    alone = result["runs"][0]
+    expected = []
+    renderer = Renderer(None)
+    for session in played:
+        answers = records["target alone"].answers[session.id]
+        prompts = [tuple(chat_prompt_tokens(renderer.target, t.template_messages(), t.tools))
+                   for t in (session.turn(answers[:i], 8) for i in range(len(answers)))]
+        expected += [("target alone", (session.id,)), *[(p, ids) for p in peers for ids in prompts],
+                     ("auto", (session.id,))]
+    assert log == expected
+    assert [(r["method"], len(r["turns"]), r["error"]) for r in result["runs"]] == [
+        ("target alone", 10, None), ("auto", 10, None)]  # five turns of each session, one run per method
+    assert alone["seconds"] >= sum(t["seconds"] for t in alone["turns"])
+    assert [(r["server"], len(r["turns"]), r["error"]) for r in result["peer_runs"]] == [(p, 10, None) for p in peers]
+    assert result["settings"]["interleaved"] is True
+    assert "up together, one session at a time" in (tmp_path / "out" / "il.md").read_text()
+    agent = load(["agent-loop"], 1)[0]
+    renderer.plan = sessions.Plan((agent,), ("greedy",), (1,), (1,), (1,), (), ())
+    answers: list[Answer] = []
+    for _ in range(agent.n_turns):
+        answers.append(fake_answer(agent.turn(answers)))
+    assert agent.forced == "write_file" and renderer.turns(agent, answers) == []  # every turn forces its call
+    assert len(renderer.turns(played[0], records["target alone"].answers[played[0].id])) == 5
+
+
+def test_interleaved_peers_need_one_session_at_a_time_on_the_default_server(tmp_path):
+    for flags in (["--concurrency", "1,4"], ["--concurrency", "1", "--servers", "default,memory-off"]):
+        with pytest.raises(SystemExit):
+            sessions.main(["--interleave-peers", *flags, "--out", str(tmp_path)])
+
+
+def test_a_peers_workload_ratio_counts_the_turns_it_replayed():
+    """A peer skips a forced turn: its workload ratio is to the target alone's same turns."""
+    alone = run("target alone", 30.0, [turn("s1", 0, 100, 10.0), turn("s1", 1, 100, 20.0)], {"s1": ["a", "b"]})
+    peer = {**run("llama-server", 5.0, [turn("s1", 0, 100, 5.0)], {}), "server": "peer"}
+    result = {"settings": {"concurrency": [1], "workloads": ["edit-loop"]}, "runs": [alone], "peer_runs": [peer]}
+    assert workloads_table(result)[3] == "| peer | greedy | 1 | 20.00 (2.000) |"  # 20 tok/s over turn 0's 10
