@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specrouter.backends.base import Backend
+from specrouter.backends.base import Backend, SavedKV
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -44,7 +44,8 @@ class SequenceState:
         #: scheduler) whose caches this one may take a prefix of instead of computing it (adopt).
         self.donor: SequenceState | None = None
         self._slots: dict[int, int] = {}  # id(backend) -> sequence id in that backend
-        self._cached: dict[int, list[int]] = {}  # id(backend) -> tokens in its KV
+        self._saved: dict[int, SavedKV] = {}  # id(backend) -> its KV in host memory, in place of a slot
+        self._cached: dict[int, list[int]] = {}  # id(backend) -> tokens in its KV (slot or saved copy)
         self._backends: dict[int, Backend] = {}
         #: Tokens each model evaluated, and how many of those were catch-up of committed text.
         self.evaluated: dict[str, int] = {}
@@ -61,7 +62,11 @@ class SequenceState:
         return self._slots.get(id(backend))
 
     def kv_tokens(self) -> dict[str, int]:
-        """Per model holding a slot for this sequence, the tokens its cache holds."""
+        """Per model holding a slot for this sequence, the tokens its cells hold."""
+        return {self._backends[key].name: len(self._cached[key]) for key in self._slots}
+
+    def held_tokens(self) -> dict[str, int]:
+        """Per model, the tokens this sequence holds: in its cells or in a saved copy."""
         return {b.name: len(self._cached[key]) for key, b in self._backends.items()}
 
     def committed_length(self, backend: Backend, committed: Sequence[int]) -> int:
@@ -127,7 +132,11 @@ class SequenceState:
         if n <= 0:
             return 0
         seq = backend.new_sequence()
-        if not backend.share_prefix(donor._slots[key], seq, n):
+        if key in donor._saved:  # a copy: the donor keeps it
+            if not backend.restore(donor._saved[key], seq, n):
+                backend.free_sequence(seq)
+                return 0
+        elif not backend.share_prefix(donor._slots[key], seq, n):
             backend.free_sequence(seq)
             if not take_over:
                 return 0
@@ -150,10 +159,11 @@ class SequenceState:
     def resume(self, finished: SequenceState, tokens: Sequence[int]) -> dict[str, int]:
         """Before this sequence's first forward: take from `finished` (a finished sequence's
         state that nothing computes with any more) the longest prefix of `tokens` each of its
-        caches holds (all but the last token at most: a forward needs one to feed). Shared
-        where the backend shares (Backend.share_prefix; `finished` keeps its cache), else the
-        slot itself, cut back to that prefix (`finished` gives that model up: the caller
-        releases it). Returns the positions taken per model name (added to `resumed`)."""
+        caches holds (all but the last token at most: a forward needs one to feed). Restored
+        from a saved copy (save_shared; `finished` keeps it), shared where the backend shares
+        (Backend.share_prefix; `finished` keeps its cache), else the slot itself, cut back to
+        that prefix (`finished` gives that model up: the caller releases it). Returns the
+        positions taken per model name (added to `resumed`)."""
         taken: dict[str, int] = {}
         self.resumed_from = finished
         for backend in list(finished._backends.values()):
@@ -174,10 +184,23 @@ class SequenceState:
         self._cached[id(backend)].extend(fresh)
         self.evaluated[backend.name] = self.evaluated.get(backend.name, 0) + len(fresh)
 
+    def save_shared(self) -> None:
+        """Move every model's cells in a shared cache into a saved copy (Backend.save) and
+        free its slot: for a finished sequence kept for later prompts, whose cells would
+        otherwise cost every running sequence's attention. Later prompts restore the copy."""
+        for key, seq in list(self._slots.items()):
+            saved = self._backends[key].save(seq)
+            if saved is not None:
+                self._backends[key].free_sequence(seq)
+                del self._slots[key]
+                self._saved[key] = saved
+
     def forget(self, backend: Backend) -> None:
         """Free this sequence's slot of one model that is dropped (it failed or stalled)."""
         key = id(backend)
-        if key in self._slots:
+        if key in self._saved:
+            del self._saved[key], self._cached[key], self._backends[key]
+        elif key in self._slots:
             try:
                 backend.free_sequence(self._slots[key])
             except Exception:  # noqa: BLE001 - a broken model may fail this too; the request goes on without it
@@ -185,22 +208,25 @@ class SequenceState:
             del self._slots[key], self._cached[key], self._backends[key]
 
     def rollback_to(self, committed: Sequence[int]) -> None:
-        """Drop every cached position that is not part of the committed tokens."""
+        """Drop every cached position that is not part of the committed tokens (a saved copy
+        keeps them: a restore takes only what the books still hold)."""
         for key, cached in self._cached.items():
             keep = common_prefix(cached, committed)
             if keep < len(cached):
-                self._backends[key].remove(self._slots[key], keep)
+                if key in self._slots:
+                    self._backends[key].remove(self._slots[key], keep)
                 del cached[keep:]
 
     def shares_a_cache(self) -> bool:
         """Whether a model holds cells of this sequence in a cache shared with other
-        sequences (Backend.shared_cache)."""
-        return any(b.shared_cache for b in self._backends.values())
+        sequences (Backend.shared_cache); a saved copy holds none."""
+        return any(self._backends[key].shared_cache for key in self._slots)
 
     def release(self) -> None:
         """Free every model's slot (finished or cancelled request)."""
         for key, seq in self._slots.items():
             self._backends[key].free_sequence(seq)
         self._slots.clear()
+        self._saved.clear()
         self._cached.clear()
         self._backends.clear()

@@ -46,6 +46,15 @@ Run = tuple[int, Sequence[int], int, int]
 
 
 @dataclass(frozen=True)
+class SavedKV:
+    """A sequence's KV copied out of a shared cache into host memory (Backend.save): what
+    restore() puts back, in the backend's own format."""
+
+    data: bytearray
+    n_tokens: int  # positions [0, n_tokens) of the sequence it was saved from
+
+
+@dataclass(frozen=True)
 class TimingKey:
     """What a forward's wall time depends on besides n and the machine's CPU: the profile
     cache is keyed by it (plus the CPU model), so a change re-measures."""
@@ -117,6 +126,20 @@ class Backend(ABC):
         """Make the empty sequence dst hold src's first n positions without computing them
         (cells shared where the cache allows, else copied); False: this backend cannot, and
         the caller computes them. A later remove() on either sequence leaves the other whole."""
+        return False
+
+    def save(self, seq: int) -> SavedKV | None:
+        """A copy of sequence seq's KV in host memory, where the cache is shared: a sequence
+        nothing computes with (a finished one kept for later prompts) then need not hold cells
+        there, whose count every other sequence's attention pays for (llama.cpp attends over
+        every cell up to the last one in use, masking those of other sequences). None: this
+        backend's sequences have caches of their own (nothing to gain). seq is left as it is."""
+        return None
+
+    def restore(self, saved: SavedKV, dst: int, n: int) -> bool:
+        """Make the empty sequence dst hold the first n positions of a saved sequence, as
+        they were computed; False: no room for its cells (dst left empty), the caller computes
+        them."""
         return False
 
     def timing_key(self) -> TimingKey:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specrouter.backends.base import ForwardBackend, Run, TimingKey
+from specrouter.backends.base import ForwardBackend, Run, SavedKV, TimingKey
 from specrouter.errors import BackendError, InvalidParameterError, ModelFileError
 
 try:
@@ -227,6 +227,28 @@ class LlamaCppBackend(ForwardBackend):
         if self.exact:
             return False
         _ll.llama_memory_seq_cp(self._mem, src, dst, 0, n)
+        return True
+
+    def save(self, seq: int) -> SavedKV | None:
+        """The sequence's cells and their K and V rows (llama_state_seq_get_data); exact mode
+        keeps none (each sequence has a stream of its own)."""
+        if self.exact:
+            return None
+        size = _ll.llama_state_seq_get_size(self._ctx, seq)
+        data = bytearray(size)
+        if size == 0 or _ll.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size,
+                                                     seq) != size:
+            return None
+        return SavedKV(data, _ll.llama_memory_seq_pos_max(self._mem, seq) + 1)
+
+    def restore(self, saved: SavedKV, dst: int, n: int) -> bool:
+        """llama_state_seq_set_data writes the saved cells into free ones (in a run of its
+        own, as computed: the logits after them are the same) and fails without room."""
+        size = len(saved.data)
+        if not _ll.llama_state_seq_set_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(saved.data), size, dst):
+            return False
+        if n < saved.n_tokens:
+            self.remove(dst, n)
         return True
 
     @property

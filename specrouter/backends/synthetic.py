@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from specrouter.backends.base import Backend
+from specrouter.backends.base import Backend, SavedKV
 
 
 class SyntheticBackend(Backend):
@@ -128,6 +128,16 @@ class SyntheticBackend(Backend):
 
     def share_prefix(self, src: int, dst: int, n: int) -> bool:
         self._kv[dst] = list(self._kv[src][:n])
+        return True
+
+    def save(self, seq: int) -> SavedKV | None:
+        """A copy where the cache is shared (a subclass that says so), as llama.cpp's."""
+        if not self.shared_cache:
+            return None
+        return SavedKV(bytearray(np.array(self._kv[seq], dtype=np.int64).tobytes()), len(self._kv[seq]))
+
+    def restore(self, saved: SavedKV, dst: int, n: int) -> bool:
+        self._kv[dst] = np.frombuffer(bytes(saved.data), dtype=np.int64)[:n].tolist()
         return True
 
     @property

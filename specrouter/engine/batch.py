@@ -211,7 +211,7 @@ class BatchScheduler:
                 if not a.reproducible:
                     self.prefix_cache.resume(a.run.state, a.run.context, a.run.target.name, a.cache_partition)
                 elif len(self._active) == 1:  # a reproducible request prefills afresh, its cells where a
-                    self.prefix_cache.release_shared()  # fresh server's would lie: the same numbers each time
+                    self.prefix_cache.save_shared()  # fresh server's would lie: the same numbers each time
             except Exception as exc:  # noqa: BLE001 - a model failed sharing its cells: this request fails alone
                 self._fail(rid, self._active[rid], exc, events)
         for rid, a in list(self._active.items()):

@@ -12,6 +12,8 @@ message, not the conversation again (vLLM's automatic prefix caching and llama-s
 How the prefix is taken, per model (Backend.share_prefix):
 - shared: llama.cpp's unified cache tags the cells with the new sequence too, torch copies
   the tensors; the kept state stays, for later requests as well;
+- restored from a saved copy (Backend.restore) where the kept state left the shared cache
+  (below); the kept state keeps its copy;
 - taken over where the backend cannot share (llama.cpp in exact mode: a KV stream per
   sequence): the new request gets the kept sequence's slot itself, cut back to the prefix,
   and the kept state leaves the cache. Its cells are where they were when computed, and
@@ -29,11 +31,21 @@ their models, so the pool must have `capacity` slots per model beyond the batch'
 (n_seq_max = max_batch + capacity); in a unified llama.cpp cache, cells shared with live
 requests are counted once. `capacity` 0 keeps nothing: every state is released at once.
 
+Where kept cells lie in a cache shared with running requests (Backend.shared_cache),
+every running request pays for them: llama.cpp attends over every cell up to the last in
+use, masking other sequences' (a few thousand kept cells cost more per token than the
+request's own context). So when a request is admitted, every kept state it does not resume
+from moves its cells there into a saved copy in host memory (Backend.save: for the q4 1.5B
+target ~29 kB per token) and frees its slot; a later request of its partition restores the
+prefix it needs. The state a request resumes from stays in place (a conversation's next
+turn shares its cells at no cost); a saved copy restores the same K and V rows, so the
+logits after it are those the cells gave.
+
 Reproducible requests (SeqRequest.reproducible: a seeded one) never resume, their numbers
 must not depend on what was served before; and where kept states share a cache with them
 (Backend.shared_cache: llama.cpp's unified cache, whose attention rounds by where a
-sequence's cells lie) one admitted while nothing else runs has them released first
-(release_shared): its cells then lie where they would on a fresh server.
+sequence's cells lie) one admitted while nothing else runs has them saved first
+(save_shared): its cells then lie where they would on a fresh server.
 
 Partitions: every kept state belongs to the partition of the request that wrote it, and a
 request resumes only from states of its own partition ("" unless its caller says otherwise;
@@ -95,7 +107,7 @@ class PrefixCache:
     def keep(self, state: SequenceState, partition: str = "") -> None:
         """A finished sequence's state, written by a request of `partition`: kept (its slots
         with it), or released."""
-        if self.capacity == 0 or not state.kv_tokens():
+        if self.capacity == 0 or not state.held_tokens():
             state.release()
             return
         for old in [k for k in self._kept if k.state is state.resumed_from
@@ -110,17 +122,21 @@ class PrefixCache:
     def resume(self, state: SequenceState, prompt: Sequence[int], target: str, partition: str = "") -> int:
         """Before `state`'s first forward: the kept state of `partition` sharing the longest
         prefix with `prompt` gives it that prefix in every model (SequenceState.resume); the
-        positions the `target` model took."""
+        positions the `target` model took. Every other kept state leaves the shared caches
+        for a saved copy (save_shared): this request's attention pays for no cells of theirs."""
         self.stats.queries += len(prompt)
         held = [(k.state.held_prefix(prompt), k) for k in reversed(self._kept)  # newest first: max keeps the first
                 if k.partition == partition]  # of equals
         n, best = max(held, key=lambda h: h[0], default=(0, None))
+        for kept in self._kept:
+            if kept is not best or n == 0:
+                kept.state.save_shared()
         if n == 0:
             return 0
-        models = len(best.state.kv_tokens())
+        models = len(best.state.held_tokens())
         taken = state.resume(best.state, prompt).get(target, 0)
         self._kept.remove(best)
-        if len(best.state.kv_tokens()) < models:  # a model's slot was taken over: the rest is of no use alone
+        if len(best.state.held_tokens()) < models:  # a model's slot was taken over: the rest is of no use alone
             self.stats.evicted += 1
             best.state.release()
         else:
@@ -128,12 +144,12 @@ class PrefixCache:
         self.stats.hits += taken
         return taken
 
-    def release_shared(self) -> None:
-        """Release every kept state holding cells in a shared cache (SequenceState.shares_a_cache):
-        a request that must compute as on a fresh server (a reproducible one, admitted alone) then
-        finds its cells where it would there. States in caches of their own stay."""
-        for kept in [k for k in self._kept if k.state.shares_a_cache()]:
-            self._drop(kept)
+    def save_shared(self) -> None:
+        """Move every kept state's cells in shared caches into saved copies
+        (SequenceState.save_shared): a request that must compute as on a fresh server (a
+        reproducible one, admitted alone) then finds its cells where it would there."""
+        for kept in self._kept:
+            kept.state.save_shared()
 
     def _drop(self, kept: _Kept) -> None:
         self._kept.remove(kept)

@@ -9,6 +9,7 @@ average (2.5 at most). The tolerances sit between the two, and the test shows th
 stale case fails them.
 """
 
+import llama_cpp
 import numpy as np
 
 from specrouter.backends.llamacpp import LlamaCppBackend
@@ -102,3 +103,29 @@ def test_a_shared_prefix_outlives_its_source_bit_for_bit(pool):
         for seq in (src, dst, own):
             if seq is not None:
                 model.free_sequence(seq)
+
+
+def test_a_saved_sequence_restores_its_cells_bit_for_bit(pool):
+    """save copies a sequence's KV out of the unified cache and restore puts it back into
+    another sequence: what that one computes next equals what the saved sequence computed
+    before it left, bit for bit (a lost or moved cell would change it); a restore of a
+    prefix holds exactly that prefix."""
+    model = pool.level(SMALL)
+    tokens = model.tokenize("The quick brown fox jumps over the lazy dog. It was not amused.")
+    seqs = [model.new_sequence()]
+    try:
+        model.decode(seqs[0], tokens[:-4], 0, 1)
+        before = model.decode(seqs[0], tokens[-4:], len(tokens) - 4, 4)
+        model.remove(seqs[0], len(tokens) - 4)
+        saved = model.save(seqs[0])
+        assert saved is not None and saved.n_tokens == len(tokens) - 4
+        model.free_sequence(seqs.pop())
+        seqs.append(model.new_sequence())
+        assert model.restore(saved, seqs[0], len(tokens) - 4)
+        np.testing.assert_array_equal(model.decode(seqs[0], tokens[-4:], len(tokens) - 4, 4), before)
+        seqs.append(model.new_sequence())
+        assert model.restore(saved, seqs[1], 5)
+        assert llama_cpp.llama_memory_seq_pos_max(model._mem, seqs[1]) == 4
+    finally:
+        for seq in seqs:
+            model.free_sequence(seq)

@@ -189,12 +189,14 @@ def test_a_reproducible_request_alone_computes_as_on_a_fresh_server_over_a_share
         assert seeded(f"seeded {i + 1}") == first
 
 
-@pytest.mark.parametrize(("shared", "beside", "kept"), [(True, False, 1), (False, False, 3), (True, True, 4)])
-def test_a_reproducible_request_releases_kept_states_only_over_a_shared_cache_and_alone(shared, beside, kept):
-    """Kept states are released for a reproducible request only where they share its cache and it
-    is admitted alone; states in caches of their own, or a request running beside it (the
-    seed promises nothing then on a shared cache), leave them kept (two earlier requests, the
-    one beside it and the seeded one each leave a state)."""
+@pytest.mark.parametrize(("shared", "beside", "in_cells"), [(True, False, [False, False, True]),
+                                                         (True, True, [False, False, True, True]),
+                                                         (False, False, [True, True, True])])
+def test_kept_states_leave_a_shared_cache_for_saved_copies_when_a_request_needs_them_not(shared, beside, in_cells):
+    """Every kept state stays kept; over a shared cache those a newly admitted request does
+    not resume from (a reproducible one resumes from none) leave their cells for saved
+    copies and free their slots; in caches of their own they keep their slots (two earlier
+    requests, the one beside and the seeded one each leave a state)."""
     target = (Placed if shared else SyntheticBackend)("target", vocab=VOCAB, eos_id=VOCAB - 1, params_b=1.5)
     cache = PrefixCache(4)
     scheduler = BatchScheduler(lambda r: Chain([target], []), max_batch=2, prefix_cache=cache)
@@ -205,7 +207,38 @@ def test_a_reproducible_request_releases_kept_states_only_over_a_shared_cache_an
         scheduler.step()
     scheduler.add("seeded", SeqRequest(FIRST, SamplingParams(temperature=1.0, seed=1), 4, reproducible=True))
     drain(scheduler)
-    assert len(cache) == kept
+    assert [state.slot(target) is not None for state in cache.kept()] == in_cells
+    assert target.live_sequences == sum(in_cells)
+    assert [state.held_tokens() for state in cache.kept()][:2] == [{"target": 33}, {"target": 32}]  # saved or not
+
+
+def test_a_kept_state_saved_for_another_partitions_request_serves_its_next_turn():
+    """Conversation b's request over a shared cache finds none of a's kept cells (its logits
+    are those of a fresh server: Placed rounds by the cells before a sequence's), and a's
+    next turn takes its whole first turn from the saved copy, writing what it writes alone."""
+    def serve(scheduler, rid, prompt, partition):
+        request = SeqRequest(prompt, SamplingParams(), 12, logprobs=0, cache_partition=partition)
+        return _served(scheduler, rid, request)
+
+    def fresh(prompt):
+        target = Placed("target", vocab=VOCAB, eos_id=VOCAB - 1, params_b=1.5)
+        return serve(BatchScheduler(lambda r: Chain([target], []), max_batch=2, prefix_cache=PrefixCache(4)),
+                     "fresh", prompt, "")
+
+    target = Placed("target", vocab=VOCAB, eos_id=VOCAB - 1, params_b=1.5)
+    cache = PrefixCache(4)
+    scheduler = BatchScheduler(lambda r: Chain([target], []), max_batch=2, prefix_cache=cache)
+    first = serve(scheduler, "a1", FIRST, "a")
+    other = serve(scheduler, "b1", [7] * 40, "b")
+    alone_b = fresh([7] * 40)
+    assert (other.token_ids, [t.logprob for t in other.logprobs]) == (alone_b.token_ids,
+                                                                     [t.logprob for t in alone_b.logprobs])
+    assert target.live_sequences == 1  # b's kept state; a's is a saved copy
+    second_prompt = FIRST + first.token_ids + [3, 1, 4]
+    second = serve(scheduler, "a2", second_prompt, "a")
+    assert second.cached_tokens == held(first)
+    assert second.token_ids == fresh(second_prompt).token_ids
+    assert target.live_sequences == 1 and len(cache) == 2  # a's second turn replaced its first; b's saved
 
 
 def test_router_sessions_resume_and_write_the_target_alone_greedy_output():
