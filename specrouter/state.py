@@ -217,11 +217,6 @@ class SequenceState:
                     self._backends[key].remove(self._slots[key], keep)
                 del cached[keep:]
 
-    def shares_a_cache(self) -> bool:
-        """Whether a model holds cells of this sequence in a cache shared with other
-        sequences (Backend.shared_cache); a saved copy holds none."""
-        return any(self._backends[key].shared_cache for key in self._slots)
-
     def release(self) -> None:
         """Free every model's slot (finished or cancelled request)."""
         for key, seq in self._slots.items():
