@@ -239,6 +239,16 @@ def peer_server(plan: Plan, peer: Peer, n_threads: int, slots: int) -> CachedSer
     return CachedServer(peer, resolve_model(TARGET), draft, n_threads, plan.n_ctx, slots)
 
 
+def _started(plan: Plan, peer: Peer, n_threads: int, slots: int, errors: dict[str, str]) -> CachedServer | None:
+    """The peer's server, or None with why it could not start in `errors` (a peer that cannot
+    run is a result to report, not a reason to stop)."""
+    try:
+        return peer_server(plan, peer, n_threads, slots)
+    except Exception as exc:  # noqa: BLE001 - reported, see above
+        errors[peer.label] = f"{type(exc).__name__}: {exc}"
+        return None
+
+
 def peers(plan: Plan, transcripts: dict[str, dict[str, list[Answer]]],
           checkpoint: Callable[[list[RunRecord]], None]) -> dict[str, str]:
     """The llama-server peers' replays of the transcripts (handed to `checkpoint` after each);
@@ -253,10 +263,7 @@ def peers(plan: Plan, transcripts: dict[str, dict[str, list[Answer]]],
     runs, errors = [], {}
     for peer in plan.peers:
         for c in plan.peer_levels:
-            try:
-                server = peer_server(plan, peer, n_threads, c)
-            except Exception as exc:  # a peer that cannot run is a result to report, not a reason to stop
-                errors[peer.label] = f"{type(exc).__name__}: {exc}"
+            if (server := _started(plan, peer, n_threads, c, errors)) is None:
                 break
             try:
                 for mode, replays in prompts.items():
@@ -281,13 +288,8 @@ def interleaved(plan: Plan, checkpoint_runs: Callable[[list[RunRecord]], None],
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(our_server(setting, servers_folder(plan.router_dir), 1, plan.n_ctx, plan.threads))
         renderer = stack.enter_context(contextlib.closing(PromptRenderer(plan)))
-        servers = {}
-        for peer in plan.peers:
-            try:
-                servers[peer.label] = stack.enter_context(contextlib.closing(
-                    peer_server(plan, peer, renderer.n_threads, 1)))
-            except Exception as exc:  # a peer that cannot run is a result to report, not a reason to stop
-                errors[peer.label] = f"{type(exc).__name__}: {exc}"
+        servers = {peer.label: stack.enter_context(contextlib.closing(server)) for peer in plan.peers
+                   if (server := _started(plan, peer, renderer.n_threads, 1, errors)) is not None}
         asyncio.run(_warm(ChatClient(url, TARGET, "warm-up", {"speculation": "off"})))
         for mode in plan.modes:
             ours_ = {m: RunRecord(setting.label, m, mode, 1) for m in setting.methods}
