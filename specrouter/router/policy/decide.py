@@ -62,7 +62,8 @@ def decide(inputs: CycleInputs, state: SessionState, config: RouterConfig) -> De
     state.probe = None
     state.current = chosen.spec
     # Optimistic candidates are rivals too: a chain worth probing soon is no firm "no".
-    state.pacing.made(kind, chosen, ready and firm(chosen, (*ranked, *candidates), config.pacing_margin))
+    state.pacing.made(kind, chosen, ready and firm(chosen, (*ranked, *candidates), config.pacing_margin),
+                      _window(scoring))
     return Decision(chosen, reason, tuple(ranked))
 
 
@@ -86,7 +87,12 @@ def _reusable(scoring: Scoring, state: SessionState, kind: Kind) -> Scored | Non
     request nothing a deliberation would have weighed (pacing.py); None: deliberate. (A
     decision made with more room runs as the chain cuts its draft to the room: as it would
     have been planned for less, a little less well.)"""
-    recent = state.pacing.recent(kind)
+    recent = state.pacing.recent(kind, _window(scoring))
     if recent is None or state.planner.plan is None or recent.spec.names not in state.planner.chains:
         return None
     return recent if scoring.score(recent).catch_up == 0 else None
+
+
+def _window(scoring: Scoring) -> int | None:
+    """The room as the plan sees it where it cuts the draft lengths (Planner.window), else None."""
+    return None if scoring.window is None else scoring.planner.window(scoring.inputs.room)

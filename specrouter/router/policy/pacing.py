@@ -19,7 +19,10 @@ lookup's match class, which decides whether a model-free draft can run and how w
 does). Counted per kind, the deliberations are a 1 / every share of all choices, whatever
 the mix of kinds (kinds alternate: a lookup's match class changes from cycle to cycle). A
 decision older than pacing_stale spans of the router's choices is not reused (a kind that
-comes rarely would otherwise keep a choice made long ago, on older evidence).
+comes rarely would otherwise keep a choice made long ago, on older evidence). A decision made
+where the room cut the draft lengths (a request's last tokens: Planner.window) is reused only
+where the room cuts them as far or further: its lengths were planned for that room, and at a
+request's start they would draft short. A decision made with the full room serves any room.
 
 The reusing session checks what is its own: the chain still runs (no model of it excluded)
 and no model of it must first catch up on tokens it missed (a catch-up is the choice's to
@@ -76,6 +79,7 @@ class _Made:
     kind_at: int  # its kind's choice count when it was made
     made: int  # deliberations for its kind so far, this one included
     agreed: int  # deliberations in a row before it that chose the target alone by the margin
+    window: int | None = None  # the room where it cut the draft lengths (None: it did not)
 
 
 class ChoicePacing:
@@ -99,18 +103,20 @@ class ChoicePacing:
             return 1
         return max(1, math.ceil(batch * self.deliberation / (self.fraction * self.cycle)))
 
-    def recent(self, kind: Kind) -> Scored | None:
+    def recent(self, kind: Kind, window: int | None = None) -> Scored | None:
         """A decision for `kind` recent enough to reuse (None: deliberate): made within the
         last span choices of its kind, and within the router's last pacing_stale * span
         choices. The span is every(batch), doubled for each deliberation in a row before it that chose
         the target alone firmly, as it did (up to pacing_agreed times; where every > 1: a
         deliberation is then the share of a cycle worth saving), and at most 2^m where it
         is the kind's m-th (a kind's first decisions rest on little evidence: they are
-        renewed after 2, 4, 8, ... of its choices). Counts the choice."""
+        renewed after 2, 4, 8, ... of its choices); one made where the room cut the draft
+        lengths only where `window` (this choice's, None: not cut) is at most its own.
+        Counts the choice."""
         self.choices += 1
         own = self._kind_choices[kind] = self._kind_choices.get(kind, 0) + 1
         made = self._made.get(kind)
-        if made is None:
+        if made is None or made.window is not None and (window is None or window > made.window):
             return None
         every = self.every(kind.batch)
         span = min(every << made.agreed if every > 1 else 1, 2**made.made)
@@ -118,13 +124,14 @@ class ChoicePacing:
             return None
         return made.scored
 
-    def made(self, kind: Kind, scored: Scored, firmly: bool = False) -> None:
-        """A deliberation chose `scored` for `kind`; `firmly`: as firm() says."""
+    def made(self, kind: Kind, scored: Scored, firmly: bool = False, window: int | None = None) -> None:
+        """A deliberation chose `scored` for `kind`; `firmly`: as firm() says; `window`: the room
+        where it cut the draft lengths (None: it did not)."""
         before = self._made.get(kind)
         again = firmly and before is not None and before.scored.spec == scored.spec
         agreed = min(before.agreed + 1, self.config.pacing_agreed) if again else 0
         self._made[kind] = _Made(scored, self.choices, self._kind_choices.get(kind, 0),
-                                 before.made + 1 if before else 1, agreed)
+                                 before.made + 1 if before else 1, agreed, window)
 
     def timed(self, seconds: float, deliberated: bool) -> None:
         """The engine timed a choice: a deliberation's time feeds d, a reuse's is not d."""

@@ -55,3 +55,21 @@ def test_a_paced_choice_reuses_the_last_decision_unless_a_probe_is_in_flight():
         assert after.reason is (Reason.KEEP if probing else Reason.REUSE), probing
         assert after.chosen.spec == chosen.chosen.spec and first.state.probe is None
 
+
+
+def test_a_decision_planned_for_a_requests_last_tokens_is_not_reused_with_more_room():
+    """A decision made where the room cuts the draft lengths (a request's last tokens) drafts
+    short: a session with the room to draft in full does not reuse it (it deliberates, and
+    keeps its full lengths); a decision made with the full room serves a session near its end
+    (the chain cuts the draft to the room)."""
+    first, second = seeded()
+    first.pacing.timed(0.01, deliberated=True)
+    first.pacing.on_cycle(0.01)
+    full = decide(inputs(second), second.state, second.config)
+    assert full.reason is Reason.START and max(full.chosen.spec.draft_lengths) >= 3
+    end = decide(inputs(first, room=3), first.state, first.config)
+    assert end.reason is Reason.START and max(end.chosen.spec.draft_lengths) < 3
+    again = decide(inputs(second, len(PROMPT) + 1, 99), second.state, second.config)
+    assert again.deliberated and again.chosen.spec == full.chosen.spec
+    short = decide(inputs(first, len(PROMPT) + 1, room=3), first.state, first.config)
+    assert short.reason is Reason.REUSE and short.chosen.spec == full.chosen.spec
