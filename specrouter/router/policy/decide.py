@@ -53,7 +53,7 @@ def decide(inputs: CycleInputs, state: SessionState, config: RouterConfig) -> De
         # Chains with a barely observed or stale pair, scored optimistically, and chains that
         # only the cautious guard kept out (their own data is what makes them sure).
         candidates = [scoring.score(opt) for opt in optimistic.values()]
-        candidates += [s for s in ranked if not s.sure and planner.pairs_to_probe(s.spec.names, inputs.match)]
+        candidates += [s for s in ranked if not s.sure and planner.probe_teaches(s.spec.names, inputs.match)]
         budget = state.budget.left(inputs.horizon * chosen.prediction.seconds_per_token)
         probe = pick_probe(scoring, chosen, candidates, budget, config.hysteresis)
         if probe is not None:

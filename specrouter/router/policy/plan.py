@@ -163,7 +163,10 @@ class Plan:
     def best_lengths(self, names: tuple[str, ...], kind: Rates, start: tuple[int, ...] | None = None,
                      cls: str | None = None) -> Scored:
         """The chain's draft lengths with the least predicted seconds per token: a full search,
-        or from `start` (the last optimum) a local one."""
+        or from `start` (the last optimum) a local one where the chain drafts at more than one
+        level. One draft level is always searched whole: its seconds per token are not convex
+        in k (a forward's cost jumps where the backend's kernels change with its size), so a
+        local search can stall at a bump short of a far better length."""
         room = self.window
         depth = len(names) - 1
         if depth == 0:
@@ -172,7 +175,7 @@ class Plan:
         grids = self.grids(names)
         if room is not None:  # the target never takes more than room - 1 proposals
             grids = [tuple(k for k in grid if k < max(room, 2)) or (1,) for grid in grids]
-        if start is not None:  # near the end the room cuts the grid: start from the longest left
+        if start is not None and depth > 1:  # near the end the room cuts the grid: start from the longest left
             start = tuple(max((g for g in grid if g <= k), default=grid[0]) for k, grid in zip(start, grids))
             return self._local_search(names, kind, grids, start, cls)
         if math.prod(len(grid) for grid in grids) <= self.config.max_exhaustive:

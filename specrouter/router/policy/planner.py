@@ -9,11 +9,12 @@ Cheap per cycle: draft lengths are searched again only when an input moved enoug
 tolerances (an acceptance by rate_tolerance, a proposer's fill by fill_tolerance, a cost
 relative to the target's by cost_tolerance, a lookup's cost, the overhead per forward and the
 cost per row by their own seconds): a move of one tolerance re-plans at most every plan_every
-cycles, one of big_move tolerances at once. A re-plan searches locally around the last
-optimum, fully every full_search_every re-plans. A chain this request has not planned yet
-starts from the lengths the router's other sessions found last (plan.LengthHints), so a new
-request's first plans are local searches too; a full search only where no session planned the
-chain yet. The model-free level's acceptance is kept per match class: its chains are planned
+cycles, one of big_move tolerances at once. A re-plan searches a chain of several draft
+levels locally around the last optimum, fully every full_search_every re-plans (a chain of one
+draft level is searched whole every time: Plan.best_lengths). A chain this request has not
+planned yet starts from the lengths the router's other sessions found last (plan.LengthHints),
+so a new request's first plans are local searches too; a full search only where no session
+planned the chain yet. The model-free level's acceptance is kept per match class: its chains are planned
 per class, lazily (when a cycle with that class first needs them after a re-plan), and a move
 of one class's estimates re-plans that class only (every shadow score moves a class's
 per-request estimate).
@@ -100,6 +101,16 @@ class Planner:
         the target's rows, or its output when it runs alone), whatever chain runs."""
         return [(level_key(j, cls, self.lookup), i) for j, i in zip(names, names[1:])
                 if not (j == self.lookup and i == self.target)]
+
+    def probe_teaches(self, names: Sequence[str], cls: str | None) -> bool:
+        """Whether a probe of the chain teaches what the shadow would not soon: a pair that only
+        running it observes (pairs_to_probe), or the lookup's under the target while that pair
+        is barely observed (fewer than `confident` scores): the shadow scores one position per
+        cycle, a probe's block as many as it reaches."""
+        if self.pairs_to_probe(names, cls):
+            return True
+        return (cls is not None and self.lookup in names
+                and self.acceptance.count(level_key(self.lookup, cls, self.lookup), self.target) < self.config.confident)
 
     def plans(self, cls: str | None) -> tuple[Plans, Plans]:
         """The best and the optimistic plans of this cycle: with a match of class `cls`, the

@@ -9,8 +9,11 @@ from specrouter.cascade.chain import Chain
 from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import OPTED_OUT, MemoryScope, SuffixMemory
 from specrouter.errors import InvalidParameterError
-from specrouter.router.policy.plan import match_key
 from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.policy.decide import decide
+from specrouter.router.policy.plan import Rates, match_key
+from specrouter.router.policy.predictor import ChainSpec
+from specrouter.router.policy.state import CycleInputs
 
 from ..router_synth import linear, make_router, seconds_per_token
 
@@ -156,3 +159,42 @@ def test_a_handed_lookup_serves_only_the_first_draft_at_the_committed_context():
     for n in range(1, 9):  # a lookup's first n tokens are a lookup of n
         assert handed.take(n) == drafter.find(context, n)
 
+
+
+def test_a_lookup_chain_is_searched_whole_past_a_bump_in_the_forward_cost():
+    """A forward costs more from 7 to 12 tokens (where a CPU backend changes kernels): k = 5 is
+    a local optimum of the lookup chain's time per token, far from its best. From a hint at 5
+    the plan still finds what a search of the whole grid finds (a local search stalls at 5)."""
+    base = linear(0.05, 0.004)
+    target = SyntheticBackend("t", vocab=6, scale=4.0, latency=lambda n: base(n) + 0.03 * (7 <= n <= 12), params_b=7)
+    router = make_router(target, [], lookup="suffix")
+    cls = match_key("suffix", 32)
+    router.acceptance.set_global(cls, "t", 0.99, count=1000, mode="greedy")
+    router.acceptance.start_request(True)
+    router.planner.refresh(room=500, batch=1, row_kind="greedy", cycle=1)
+    plan, names = router.planner.plan, ("suffix", "t")
+    seconds = {k: plan.predict(ChainSpec(names, (k,)), cls=cls).seconds_per_token for k in (4, 5, 6)}
+    assert seconds[5] < min(seconds[4], seconds[6]), seconds  # the bump makes 5 a local optimum
+    whole = plan.best_lengths(names, Rates.ESTIMATE, None, cls)
+    assert plan.best_lengths(names, Rates.ESTIMATE, (5,), cls).spec == whole.spec
+    assert whole.spec.draft_lengths[0] >= 15 and whole.prediction.seconds_per_token < 0.7 * seconds[5]
+
+
+def test_a_barely_observed_match_class_that_promises_a_gain_is_probed():
+    """One shadow score (the target alone's token was the lookup's) puts a class at 1.0, but
+    the guard's cautious rate is far below: without a probe the class would wait a cycle per
+    score to become sure. On a CPU-like target (a forward of 16 tokens costs 7 of one, so no
+    draft length pays at the cautious rate) its chain is probed at its planned length at once;
+    a class seen `confident` times is not, its estimate is as good as the shadow will make it."""
+    target = SyntheticBackend("t", vocab=6, scale=4.0, latency=linear(0.018, 0.012), params_b=7)
+    for count, probed in ((1.0, True), (DEFAULT_CONFIG.confident, False)):
+        router = make_router(target, [], lookup="suffix")
+        cls = match_key("suffix", 32)
+        router.acceptance.set_global(cls, "t", 0.9 if not probed else 1.0, count=count, mode="greedy")
+        router.start(SamplingParams())
+        position = 100
+        inputs = CycleInputs(position, 200, {"t": position - 1}, 100, cls, "greedy", 1)
+        decision = decide(inputs, router.state, router.config)
+        assert decision.probing is probed, (count, decision)
+        if probed:
+            assert decision.chosen.spec.names == ("suffix", "t") and decision.chosen.spec.draft_lengths[0] >= 15

@@ -61,21 +61,26 @@ def test_each_request_files_ngram_acceptance_under_its_own_match_class():
 
 
 def test_a_request_plans_from_the_draft_lengths_earlier_requests_found():
-    """A session's first plan of a chain is a local search from the lengths the router's
-    sessions found last (plan.LengthHints, shared), not a search of the whole grid: with the
-    same inputs it finds the same plans, from under a third of the predictions; a router of its
-    own (no shared hints) searches the whole grid again."""
+    """A session's first plan of a chain of several draft levels is a local search from the
+    lengths the router's sessions found last (plan.LengthHints, shared), not a search of the
+    whole grid: with the same inputs it finds the same plans, from under a third of those
+    chains' predictions; a router of its own (no shared hints) searches the whole grid again.
+    A chain of one draft level is searched whole either way (Plan.best_lengths)."""
     target, mid, small = family()
     router = make_router(target, [mid, small], use_ngram=False)
     first, second = router.session(), router.session()
     alone = make_router(target, [mid, small], use_ngram=False)
     for session in (first, second, alone):
         session.planner.refresh(room=200, batch=1, row_kind="greedy", cycle=1)
-    counts = {name: len(s.planner.plan.predictions) for name, s in (("first", first), ("second", second), ("alone", alone))}
+    counts = {name: sum(len(spec.names) > 2 for _, _, spec, _ in s.planner.plan.predictions)
+              for name, s in (("first", first), ("second", second), ("alone", alone))}
+    single = {name: sum(len(spec.names) == 2 for _, _, spec, _ in s.planner.plan.predictions)
+              for name, s in (("first", first), ("second", second))}
     assert first.planner.plans(None) == second.planner.plans(None)
     # The other router profiled the models anew (the same costs, to rounding): the same lengths.
     assert [{n: s.spec for n, s in plans.items()} for plans in first.planner.plans(None)] == \
         [{n: s.spec for n, s in plans.items()} for plans in alone.planner.plans(None)]
     assert any(len(names) == 3 for names in first.planner.plans(None)[0]), "no 3-level chain was planned"
     assert counts["first"] == counts["alone"] and counts["second"] < counts["first"] / 3, counts
+    assert single["second"] == single["first"] > 0, single
     assert router.hints is second.hints and alone.hints is not router.hints
