@@ -14,10 +14,10 @@ levels locally around the last optimum, fully every full_search_every re-plans (
 draft level is searched whole every time: Plan.best_lengths). A chain this request has not
 planned yet starts from the lengths the router's other sessions found last (plan.LengthHints),
 so a new request's first plans are local searches too; a full search only where no session
-planned the chain yet. The model-free level's acceptance is kept per match class: its chains are planned
-per class, lazily (when a cycle with that class first needs them after a re-plan), and a move
-of one class's estimates re-plans that class only (every shadow score moves a class's
-per-request estimate).
+planned the chain yet. The model-free level's acceptance is kept per match class: its chains
+are planned per class, lazily (when a cycle with that class first needs them after a
+re-plan), and a move of one class's estimates re-plans that class only (every shadow score
+moves a class's per-request estimate).
 
 Exploration inputs: a pair is optimistic at its estimate + explore_bonus / sqrt(count + 1)
 (at most optimistic_cap), or at its global rate when it was left after a bad stretch
@@ -110,7 +110,7 @@ class Planner:
         if self.pairs_to_probe(names, cls):
             return True
         return (cls is not None and self.lookup in names
-                and self.acceptance.count(level_key(self.lookup, cls, self.lookup), self.target) < self.config.confident)
+                and self.acceptance.count(cls, self.target) < self.config.confident)
 
     def plans(self, cls: str | None) -> tuple[Plans, Plans]:
         """The best and the optimistic plans of this cycle: with a match of class `cls`, the
