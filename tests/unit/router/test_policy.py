@@ -56,7 +56,6 @@ def test_a_paced_choice_reuses_the_last_decision_unless_a_probe_is_in_flight():
         assert after.chosen.spec == chosen.chosen.spec and first.state.probe is None
 
 
-
 def test_a_decision_planned_for_a_requests_last_tokens_is_not_reused_with_more_room():
     """A decision made where the room cuts the draft lengths (a request's last tokens) drafts
     short: a session with the room to draft in full does not reuse it (it deliberates, and
