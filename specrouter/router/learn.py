@@ -101,13 +101,15 @@ class CycleLearner:
     # Shadow scores ------------------------------------------------------------------------
     def _shadow_ngram(self, verifier: str, proposals, p) -> None:
         """Score the lookup's proposal against the verifier's rows while their contexts agree
-        (row i follows the actual proposals[:i], valid for the lookup while those equal its own)."""
+        (row i follows the actual proposals[:i], valid for the lookup while those equal its own)
+        and, under greedy verification, up to its first rejection, where its block would end
+        (the rows after it follow a token the verifier did not commit)."""
         greedy = self.acceptance.mode == "greedy"
         x = self._ngram_x
         scores = []
         for i in range(min(len(x), len(p))):
             scores.append(pair_score(x[i], None, p[i], greedy))
-            if i >= len(proposals) or proposals[i] != x[i]:
+            if i >= len(proposals) or proposals[i] != x[i] or greedy and not scores[-1]:
                 break
         self.acceptance.observe_scores(self._ngram_class, verifier, scores or [0.0])
         self._ngram_scored.add(verifier)

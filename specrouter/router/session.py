@@ -102,8 +102,10 @@ class Router:
         #: The policy's memory of this request (policy/state.py).
         self.state = SessionState(planner, pacing or ChoicePacing(config=config),
                                   budget or ProbeBudget(config.explore_fraction))
-        #: Whether the last choice deliberated (False: it reused a recent decision).
+        #: Whether the last choice deliberated (False: it reused a recent decision, or the
+        #: target fed the prompt alone), and whether it was that prefill (decide.py).
         self.deliberated = True
+        self.prefill = False
         self._chain_objs: dict[ChainSpec, Chain] = {}
         self.learner = CycleLearner(self.acceptance, costs, target.name, self.lookup, config)
         #: Sequences that advance together (set by the batch scheduler before choose): every
@@ -240,12 +242,12 @@ class Router:
         inputs = CycleInputs(position, room, cached, self.lengths.horizon(len(self._output), room), self._match,
                              self._row_kind, self.batch_size)
         decision = decide(inputs, self.state, self.config)
-        self.deliberated = decision.deliberated
+        self.deliberated, self.prefill = decision.deliberated, decision.reason is Reason.PREFILL
         if decision.deliberated and (decision.reason is not Reason.KEEP or not self.decisions):
             if len(self.decisions) < self.config.max_decisions:
                 self.decisions.append(record(decision, self.state.cycle, position, self.planner, self.budget,
                                              self.names, self._row_kind, self._match))
-        return self._armed(decision.chosen, position, cached, stopping=not decision.probing)
+        return self._armed(decision.chosen, stopping=not decision.probing)
 
     def _look_up(self, context: Sequence[int] | None, forced: Sequence[int]) -> list[int] | None:
         """The model-free lookup of this cycle, handed to the drafter (the cycle's first draft
@@ -266,14 +268,16 @@ class Router:
         return found.tokens
 
     def on_choice(self, seconds: float) -> None:
-        """The engine timed the last choice (the pacing's d when it deliberated)."""
-        self.pacing.timed(seconds, self.deliberated)
+        """The engine timed the last choice (the pacing's d when it deliberated; a prefill is
+        no choice of the pacing's)."""
+        if not self.prefill:
+            self.pacing.timed(seconds, self.deliberated)
 
     def _stops(self, names: Sequence[str]) -> bool:
         """Whether the chain's draft ends on its confidence: a model drafting for the target."""
         return self.draft_stop is not None and len(names) == 2 and names[0] != self.lookup
 
-    def _armed(self, scored: Scored, position: int, cached: Mapping[str, int], stopping: bool = True) -> Chain:
+    def _armed(self, scored: Scored, stopping: bool = True) -> Chain:
         """The chain object of a choice, its draft stop set up for this cycle (draft_stop); a
         probe (not `stopping`) drafts its planned length: it measures the pair."""
         chain = self.chain_for(scored.spec)
@@ -281,13 +285,10 @@ class Router:
             draft, target = scored.spec.names
             plan = self.planner.plan
             cost, row = plan.cost, plan.inputs.row * self.batch_size
-            # A target that feeds what it missed first (the prompt, in a request's first cycle)
-            # verifies the draft in the same forward: a longer draft then costs it little more.
-            behind = max(0, position - cached.get(target, 0) - 1)
             cap = chain.draft_lengths[0] if stopping else scored.spec.draft_lengths[0]
             self.draft_stop.configure((self.acceptance.mode, draft, target), self.planner.rate(draft, target), cap,
                                       scored.prediction.seconds_per_token, cost(draft, 1) + row,
-                                      lambda n: cost(target, behind + n) + n * row, stopping)
+                                      lambda n: cost(target, n) + n * row, stopping)
         return chain
 
     # Observations: the session's learner (learn.py) ------------------------------------------

@@ -56,7 +56,7 @@ def test_explain_lists_decisions_candidates_and_inputs():
     _, result = seconds_per_token(make_router(target, [small, mid]), [target, mid, small], SamplingParams(), 60)
     text = _explain(result)
     assert text.startswith(f"-- router: {len(result.decisions)} decisions over {result.cycles} cycles")
-    assert "cycle 1 (position 5):" in text and "pred ms/tok" in text
+    assert "cycle 2 (position 6):" in text and "pred ms/tok" in text  # cycle 1 feeds the prompt: no choice
     assert "acceptance (greedy): " in text and "cost ms target: t(1)=54.0" in text
     assert "cycles: " in text
 

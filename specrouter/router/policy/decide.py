@@ -1,7 +1,12 @@
 """decide(): the chain of the next cycle, from the plans, the guards, the probes and the pacing.
 
 One choice, in order:
-1. Pacing (pacing.py): once the target caches the context and no probe is in flight, a
+0. Prefill: while the target feeds the prompt (or whatever else of the context it lacks), it
+   runs alone. A draft verified in that forward would make the request's first token wait
+   for the draft's verification too (t(prompt + k) against t(prompt): on a CPU, where a
+   forward's cost grows with its tokens, most of t(k)); fed apart, the draft costs one
+   forward's fixed overhead more. vLLM and llama.cpp likewise draft only after the first token.
+1. Pacing (pacing.py): after the request's first choice, while no probe is in flight, a
    recent decision of the router's sessions for this kind of cycle is reused where it costs
    this request nothing a deliberation would weigh (no model of it must first catch up).
 2. Plans (planner.py): every candidate chain at its best draft lengths for the estimate, and
@@ -13,8 +18,6 @@ One choice, in order:
    unless the best is better by the hysteresis (and, to fall back to the target alone, until
    the current one loses even at its bold rate).
 5. Probes (probes.py): a candidate that beats the choice optimistically, within the budget.
-While the target catches up (the first cycle prefills the prompt) nothing is reused or
-probed: that time is everyone's, and a probe's cost is measured as its cycle's excess.
 
 decide() does no I/O and reads no clock: it is a function of its arguments. It updates
 `state` (the chain chosen, a probe in flight, the plans) and records a deliberation in the
@@ -27,6 +30,7 @@ from specrouter.router.config import RouterConfig
 from specrouter.router.policy.guards import Scoring
 from specrouter.router.policy.pacing import Kind, firm
 from specrouter.router.policy.plan import Scored
+from specrouter.router.policy.predictor import ChainSpec, Prediction
 from specrouter.router.policy.probes import pick_probe
 from specrouter.router.policy.state import CycleInputs, Decision, ProbeRun, Reason, SessionState
 
@@ -35,10 +39,14 @@ def decide(inputs: CycleInputs, state: SessionState, config: RouterConfig) -> De
     """The chain of the next cycle (the module docstring says how)."""
     planner = state.planner
     state.cycle += 1
-    ready = inputs.target_ready(planner.target)
+    if not inputs.target_ready(planner.target):
+        state.probe = None
+        alone = ChainSpec((planner.target,))
+        seconds = planner.costs.seconds(planner.target, 1)
+        return Decision(Scored(alone, Prediction(seconds, seconds, 1.0)), Reason.PREFILL)
     kind = Kind.of(inputs.row_kind, inputs.batch, inputs.match)
     scoring = Scoring(planner, inputs)
-    if ready and state.probe is None and (reused := _reusable(scoring, state, kind)) is not None:
+    if state.current is not None and state.probe is None and (reused := _reusable(scoring, state, kind)) is not None:
         state.current = reused.spec
         return Decision(reused, Reason.REUSE)
     planner.refresh(inputs.room, inputs.batch, inputs.row_kind, state.cycle, now=state.probe is not None,
@@ -48,22 +56,19 @@ def decide(inputs: CycleInputs, state: SessionState, config: RouterConfig) -> De
     alone = next(s for s in ranked if len(s.spec.names) == 1)
     ranked = sorted((scoring.robust(scoring.check_sure(s, alone), alone) for s in ranked), key=lambda s: s.score)
     chosen, reason = _guarded(scoring, ranked, alone, state, config)
-    candidates: list[Scored] = []
-    if ready:
-        # Chains with a barely observed or stale pair, scored optimistically, and chains that
-        # only the cautious guard kept out (their own data is what makes them sure).
-        candidates = [scoring.score(opt) for opt in optimistic.values()]
-        candidates += [s for s in ranked if not s.sure and planner.probe_teaches(s.spec.names, inputs.match)]
-        budget = state.budget.left(inputs.horizon * chosen.prediction.seconds_per_token)
-        probe = pick_probe(scoring, chosen, candidates, budget, config.hysteresis)
-        if probe is not None:
-            state.probe = ProbeRun(probe.spec, chosen.prediction.seconds_per_token)
-            return Decision(probe, Reason.PROBE, tuple(ranked))
+    # Chains with a barely observed or stale pair, scored optimistically, and chains that
+    # only the cautious guard kept out (their own data is what makes them sure).
+    candidates = [scoring.score(opt) for opt in optimistic.values()]
+    candidates += [s for s in ranked if not s.sure and planner.probe_teaches(s.spec.names, inputs.match)]
+    budget = state.budget.left(inputs.horizon * chosen.prediction.seconds_per_token)
+    probe = pick_probe(scoring, chosen, candidates, budget, config.hysteresis)
+    if probe is not None:
+        state.probe = ProbeRun(probe.spec, chosen.prediction.seconds_per_token)
+        return Decision(probe, Reason.PROBE, tuple(ranked))
     state.probe = None
     state.current = chosen.spec
     # Optimistic candidates are rivals too: a chain worth probing soon is no firm "no".
-    state.pacing.made(kind, chosen, ready and firm(chosen, (*ranked, *candidates), config.pacing_margin),
-                      _window(scoring))
+    state.pacing.made(kind, chosen, firm(chosen, (*ranked, *candidates), config.pacing_margin), _window(scoring))
     return Decision(chosen, reason, tuple(ranked))
 
 

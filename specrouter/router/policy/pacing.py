@@ -28,7 +28,7 @@ The reusing session checks what is its own: the chain still runs (no model of it
 and no model of it must first catch up on tokens it missed (a catch-up is the choice's to
 weigh; planner.py prices it). Where the room is shorter than the decision's draft the chain
 cuts the draft to the room (as it would have been planned for the room, a little less well).
-Anything else deliberates: a request's first cycle, the cycle after a probe (whose
+Anything else deliberates: a request's first choice (decide.py), the cycle after a probe (whose
 observations the next choice must read), a kind not decided recently.
 
 With every = 1 (a forward slow against the choice: B d / (F s) <= 1) every choice

@@ -87,6 +87,7 @@ class Reason(StrEnum):
     KEEP = "keep"  # the chain that ran (at its lengths or its family's other member)
     PROBE = "probe"  # a chain run once to learn its pairs
     REUSE = "reuse"  # a recent decision of the router's sessions, not deliberated (pacing)
+    PREFILL = "prefill"  # the target alone while it feeds the prompt, not deliberated (decide.py)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class Decision:
 
     @property
     def deliberated(self) -> bool:
-        return self.reason is not Reason.REUSE
+        return self.reason not in (Reason.REUSE, Reason.PREFILL)
 
     @property
     def probing(self) -> bool:

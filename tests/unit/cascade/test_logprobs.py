@@ -198,7 +198,6 @@ def test_entries_come_from_the_row_after_bias_penalties_and_the_grammar_mask(nam
     """The reported distribution is the one the target decoded from: its logits after the
     bias, the penalties and the grammar's mask, not the model's raw row (which puts mass on
     tokens the grammar forbids and ignores the penalties)."""
-    from specrouter.cascade.grammar import Grammar
 
     target, mid, small = models(eos=EOS)
     params = SamplingParams(**sampling, logit_bias=((EOS, -9.0), (3, 1.5), (1, -0.7)), repetition_penalty=1.4,

@@ -253,7 +253,7 @@ def test_batched_sampling_follows_target_distribution(name):
 def test_router_speculates_less_as_the_batch_grows():
     """A CPU-like target (every verified token costs): alone, the router drafts 3 or more
     tokens a cycle; 8 sequences at once make each verification 8 times wider, and it drafts
-    at most one token, or none."""
+    at most one token, or none. (Every request's first cycle feeds its prompt: the target alone.)"""
     from ..router_synth import linear, simulated_clock
 
     def mean_draft_and_alone_share(batch: int) -> tuple[float, float]:
@@ -267,7 +267,8 @@ def test_router_speculates_less_as_the_batch_grows():
         drafts = []
         for events in drain(scheduler).values():
             result = finished(events)
-            drafts += [sum(result.chains_used[c][1]) for c in result.chains_per_cycle]
+            assert result.chains_used[result.chains_per_cycle[0]] == (["target"], [])
+            drafts += [sum(result.chains_used[c][1]) for c in result.chains_per_cycle[1:]]
         return float(np.mean(drafts)), drafts.count(0) / len(drafts)
 
     one, two, eight = (mean_draft_and_alone_share(b) for b in (1, 2, 8))

@@ -119,15 +119,3 @@ def test_a_probe_drafts_its_planned_length_without_stopping():
     stop = ConfidenceStop()
     stop.configure(KEY, 0.9, 3, 0.15, 0.022, lambda n: 1.0, stopping=False)
     assert stop.more([0.01]) and stop.more([0.01, 0.01]) and not stop.more([0.01] * 3)
-
-
-def test_a_target_that_catches_up_first_prices_the_draft_inside_that_forward():
-    target = SyntheticBackend("t", latency=linear(0.05, 0.004), params_b=7)
-    draft = SyntheticBackend("d", latency=lambda n: 0.005, params_b=1)
-    router = make_router(target, [draft], use_ngram=False)
-    router.acceptance.set_global("d", "t", 0.8, count=1000, mode="greedy")
-    prompt = list(range(1, 41))
-    router.choose(len(prompt), 1000, {"t": 0, "d": 0}, prompt)  # the first cycle: the prompt to feed
-    behind = len(prompt) - 1
-    assert router.draft_stop.verify[1:] == pytest.approx(
-        [router.costs.seconds("t", behind + n) for n in range(1, router.draft_stop.cap + 2)])

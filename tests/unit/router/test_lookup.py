@@ -1,6 +1,8 @@
 """The router's model-free level: which drafter (ngram or suffix), its match classes, and
 the long blocks it may draft (its own grid), on synthetic text that repeats itself."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,9 @@ from specrouter.cascade.sampling import SamplingParams
 from specrouter.drafters.memory import OPTED_OUT, MemoryScope, SuffixMemory
 from specrouter.errors import InvalidParameterError
 from specrouter.router.config import DEFAULT_CONFIG
+from specrouter.router.estimates.acceptance import AcceptanceEstimator
+from specrouter.router.estimates.costs import CostProfile, OnlineCosts
+from specrouter.router.learn import CycleLearner
 from specrouter.router.policy.decide import decide
 from specrouter.router.policy.plan import Rates, match_key
 from specrouter.router.policy.predictor import ChainSpec
@@ -199,3 +204,26 @@ def test_a_barely_observed_match_class_that_promises_a_gain_is_probed():
             assert decision.chosen.spec.names == ("suffix", "t") and decision.chosen.spec.draft_lengths[0] >= 15
         else:
             assert decision.chosen.spec.names == ("t",)
+
+
+def test_a_greedy_shadow_score_of_the_lookup_ends_at_its_first_rejection():
+    """A draft proposed 5 6 9 to the target where the lookup had 5 6 7. The target's argmax
+    rows are 8 6 7: the lookup's block would have ended at its first token (rejected), and the
+    rows after it follow the draft's 5, which the target did not commit, so its score is [0],
+    not the 1s those rows happen to give. Where the target takes 5 6, the rows stay valid up
+    to where the two proposals part."""
+    seen = []
+
+    class Spy(AcceptanceEstimator):
+        def observe_scores(self, proposer, verifier, scores):
+            seen.append((proposer, verifier, list(scores)))
+
+    acceptance = Spy()
+    acceptance.start_request(greedy=True)
+    learner = CycleLearner(acceptance, OnlineCosts(CostProfile({})), "t", lookup="suffix")
+    for argmax, expected in (([8, 6, 7, 1], [0.0]), ([5, 6, 8, 1], [1.0, 1.0, 0.0]), ([5, 6, 7, 1], [1.0, 1.0, 1.0])):
+        seen.clear()
+        learner.begin([5, 6, 7], "suffix#4")
+        learner.on_verify("d", "t", [5, 6, 9], None, argmax, sum(1 for _ in itertools.takewhile(
+            lambda pair: pair[0] == pair[1], zip([5, 6, 9], argmax))), 3)
+        assert [s for s in seen if s[0] == "suffix#4"] == [("suffix#4", "t", expected)]

@@ -72,3 +72,23 @@ def test_a_decision_planned_for_a_requests_last_tokens_is_not_reused_with_more_r
     assert again.deliberated and again.chosen.spec == full.chosen.spec
     short = decide(inputs(first, len(PROMPT) + 1, room=3), first.state, first.config)
     assert short.reason is Reason.REUSE and short.chosen.spec == full.chosen.spec
+
+
+def test_the_cycle_that_feeds_the_prompt_runs_the_target_alone_and_the_next_deliberates():
+    """A draft verified in the prompt's forward would delay the request's first token by its
+    verification: the target feeds the prompt alone, whatever is chosen right after. That is
+    no choice (not deliberated, nothing kept for the pacing), and the request's first choice
+    comes next, deliberated where a recent decision of its kind could be reused."""
+    first, second = seeded()
+    first.pacing.timed(0.01, deliberated=True)
+    first.pacing.on_cycle(0.01)
+    made = decide(inputs(first), first.state, first.config)  # a recent decision of this kind
+    assert made.chosen.spec.names[-2:] == ("mid", "target")
+    behind = CycleInputs(len(PROMPT), 100, {m.name: 0 for m in second.models}, 100, None, "greedy", 1)
+    prefill = decide(behind, second.state, second.config)
+    assert prefill.reason is Reason.PREFILL and not prefill.deliberated and prefill.ranked == ()
+    assert prefill.chosen.spec.names == ("target",) and second.state.current is None
+    after = decide(inputs(second, len(PROMPT) + 1, 99), second.state, second.config)
+    assert after.reason is Reason.START and after.chosen.spec == made.chosen.spec
+    reused = decide(inputs(second, len(PROMPT) + 2, 98), second.state, second.config)
+    assert reused.reason is Reason.REUSE  # the pacing applies from the request's first choice on

@@ -557,37 +557,41 @@ def test_host_costs_out_of_range_are_refused_clearly(bad):
 def test_a_routers_choices_are_priced_outside_its_forwards_and_cycles(trace):
     # Each choice advances the clock before the router chooses: the router learns nothing of
     # it (the same choices, cycle by cycle), and every request takes per_choice longer per
-    # cycle. A fixed chain chooses nothing and pays nothing.
-    # (Without pacing: every choice deliberates, priced or not; the next test paces them.)
+    # cycle but its first (which feeds the prompt: no choice is deliberated there). A fixed
+    # chain chooses nothing and pays nothing.
+    # (Without pacing: every other choice deliberates, priced or not; the next test paces them.)
     choice = 0.004
     free = Replay(trace, profile(), price_prompt=True)
     priced = Replay(trace, profile(), price_prompt=True, host=HostCosts(per_choice=choice))
     a, b = free.run(free.router("suffix", ChoicePacing(0))), priced.run(priced.router("suffix", ChoicePacing(0)))
     assert [(r.id, r.cycles, r.drafted_cycles) for r in a] == [(r.id, r.cycles, r.drafted_cycles) for r in b]
     assert 0 < sum(r.drafted_cycles for r in a) < sum(r.cycles for r in a)  # it routed: drafted, not always
-    assert [r.seconds for r in b] == pytest.approx([r.seconds + choice * r.cycles for r in a], rel=1e-12)
-    assert priced.choices_seconds == pytest.approx(choice * sum(r.cycles for r in a), rel=1e-12)
+    assert [r.seconds for r in b] == pytest.approx([r.seconds + choice * (r.cycles - 1) for r in a], rel=1e-12)
+    assert priced.choices_seconds == pytest.approx(choice * sum(r.cycles - 1 for r in a), rel=1e-12)
     fixed = ChainChoice(("suffix", "draft", "target"), (2, 6))
     assert [r.seconds for r in priced.run(priced.chain(fixed))] == pytest.approx(
         [r.seconds for r in free.run(free.chain(fixed))], rel=1e-12)  # (the clock's offset rounds the last bit)
 def test_a_paced_router_reuses_decisions_where_its_choice_is_dear_and_pays_each_kind(trace):
     """A choice priced at 10 ms against cycles of ~60 ms (every = 4: a choice may take 5% of
-    them): the pacing reuses decisions in over a quarter of the cycles (a request's first and
-    last cycles deliberate; these requests are a few cycles long) (each charged its own price,
-    exactly), the answers stay the recorded ones (run() checks), and the run is faster than
-    the same router deliberating every cycle. Priced at nothing, a choice never pays to skip."""
+    them): the pacing reuses decisions in over a quarter of the cycles (a request's first
+    choice, after the cycle that feeds its prompt, and its last cycles deliberate; these
+    requests are a few cycles long) (each charged its own price, exactly; the prompt's cycle
+    as a reuse), the answers stay the recorded ones (run() checks), and the run is faster
+    than the same router deliberating every cycle. Priced at nothing, a choice never pays to skip."""
     host = HostCosts(per_choice=0.010, per_reuse=0.0002)
     paced, unpaced = Replay(trace, profile(), price_prompt=True, host=host), Replay(trace, profile(), True, host)
     router = paced.router("suffix")
     a, b = paced.run(router), unpaced.run(unpaced.router("suffix", ChoicePacing(0)))
     cycles = sum(r.cycles for r in a)
     pacing = router.pacing
-    assert pacing.deliberated + pacing.reused == cycles and pacing.reused > cycles / 4, (pacing.deliberated, cycles)
-    assert paced.choices_seconds == pytest.approx(0.010 * pacing.deliberated + 0.0002 * pacing.reused, rel=1e-12)
+    prompts = len(a)  # one cycle each feeds the prompt: not a choice of the pacing's
+    assert pacing.deliberated + pacing.reused == cycles - prompts and pacing.reused > cycles / 4, (pacing.deliberated, cycles)
+    assert paced.choices_seconds == pytest.approx(0.010 * pacing.deliberated + 0.0002 * (pacing.reused + prompts),
+                                                  rel=1e-12)
     assert sum(r.seconds for r in a) < sum(r.seconds for r in b)
     free = Replay(trace, profile(), price_prompt=True)
     router = free.router("suffix")
     runs = free.run(router)
-    assert router.pacing.reused == 0 and router.pacing.deliberated == sum(r.cycles for r in runs)
+    assert router.pacing.reused == 0 and router.pacing.deliberated == sum(r.cycles - 1 for r in runs)
 
 
