@@ -41,7 +41,7 @@ class HostCosts:
     per_call: float = 0.0  # seconds per sequence in a call
     per_row: float = 0.0  # seconds per row (token) of a call
     per_choice: float = 0.0  # seconds per deliberated choice of a routed sequence
-    per_reuse: float = 0.0  # seconds per choice that reused a recent decision (router/policy/pacing.py)
+    per_reuse: float = 0.0  # seconds per choice not deliberated: a reuse (router/policy/pacing.py), a prefill
 
     def __post_init__(self) -> None:
         for name in ("per_call", "per_row", "per_choice", "per_reuse"):
