@@ -48,7 +48,8 @@ TRACE = RESULTS / "simulation-2026-12-03-epyc-trace.json"
 
 class TimedChoices(PricedChoices):
     """A router whose every choice is timed on the wall clock and charged to the replay's
-    clock; `record` gets (seconds, whether it deliberated)."""
+    clock; `record` gets (seconds, whether it deliberated) of every choice but a request's
+    first cycle's (the target feeds the prompt alone: nothing is chosen)."""
 
     def __init__(self, router: ChainRouter, charge: Callable[[float], None],
                  record: Callable[[float, bool], None]) -> None:
@@ -61,7 +62,8 @@ class TimedChoices(PricedChoices):
         chain = self.router.choose(position, room, cached, context, forced)
         seconds = time.perf_counter() - start
         self.charge(seconds)
-        self.record(seconds, self.router.deliberated)
+        if cached.get(self.router.target.name, 0) >= position - 1:  # not the prompt's cycle (decide.py)
+            self.record(seconds, self.router.deliberated)
         return chain
 
 

@@ -245,7 +245,9 @@ class BatchScheduler:
         if self.prefill is None:
             return calls
         heads = [a.run.state.to_feed(r.backend, r.tokens, r.n_logits) - r.n_logits for _, a, r, _ in calls]
-        forwards = [Forward(id(c.request.backend), h, c.request.n_logits, stream=c.active.run.cycles > 0)
+        # A stream's forward: its model holds the whole prompt (what it feeds is generated text).
+        forwards = [Forward(id(c.request.backend), h, c.request.n_logits,
+                            stream=len(c.request.tokens) - h - c.request.n_logits >= c.active.run.prompt_tokens)
                     for c, h in zip(calls, heads)]
         out = []
         for call, head, take in zip(calls, heads, self.prefill.plan(forwards)):

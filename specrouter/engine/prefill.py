@@ -1,16 +1,17 @@
 """Chunked prefill: which forwards of a batch step run whole, which feed only a chunk of
 their prompt, and how large a chunk is.
 
-A forward's head is what it feeds without logits. A prompt's forward (one of a sequence that
-has not committed a cycle yet: its prompt on each model of its first chain) is chunked: while
-some forward decodes, a prompt forward whose head does not fit a chunk is fed one chunk per
-step and runs whole once what is left fits; with nobody decoding everything runs whole (a
-lone request is not slowed). A stream's forwards (a sequence past its first cycle) always
-run whole, a draft model's catch-up of the text it missed included: it is part of the
-stream's own cycle, which its router priced, as a verification of many rows is (rows that
-want logits are never split: a 64-token copy is verified in one call). Chunking it would
-lengthen that very cycle by as many steps, and counting it as a prompt would make the prompt
-beside it look like a burst, to be fed whole.
+A forward's head is what it feeds without logits. A prompt's forward (one that feeds part of
+its sequence's prompt: the target's in the request's first cycle, a draft model's the first
+time it drafts for the request, a cycle or more later) is chunked: while some forward
+decodes, a prompt forward whose head does not fit a chunk is fed one chunk per step and runs
+whole once what is left fits; with nobody decoding everything runs whole (a lone request is
+not slowed). A stream's forwards (their model holds the whole prompt) always run whole, a
+draft model's catch-up of the generated text it missed included: it is part of the stream's
+own cycle, which its router priced, as a verification of many rows is (rows that want logits
+are never split: a 64-token copy is verified in one call). Chunking it would lengthen that
+very cycle by as many steps, and counting it as a prompt would make the prompt beside it
+look like a burst, to be fed whole.
 
 Chunks protect the majority: when more of a step's forwards are long prompt heads than are
 not (W > D, counted over all models: a burst of prompts beside a few streams), every
@@ -90,7 +91,7 @@ class Forward(NamedTuple):
     model: Hashable
     head: int  # tokens it feeds before the rows it wants logits of
     logits: int = 1  # the rows it wants logits of
-    #: Its sequence has committed a cycle: a stream, whose forwards always run whole.
+    #: Its model holds its sequence's whole prompt: a stream's forward, always run whole.
     stream: bool = False
 
     @property

@@ -214,3 +214,53 @@ def test_a_prompt_adds_at_most_the_share_to_each_cycle_of_a_stream_whatever_its_
     ratios = [with_prompt / without for with_prompt, without, fed in zip(cycles, alone, feeding) if fed]
     assert len(ratios) > 40
     assert max(ratios) <= 1 + SHARE + 0.002 / 0.012 + 1e-9, max(ratios)
+
+
+class _PromptAloneThenDrafting(ScriptedRouter):
+    """As the router runs a request: the target feeds the prompt alone, then the mid model
+    drafts (and must first feed the prompt itself)."""
+
+    def choose(self, position, room, cached, context, forced=()):
+        self.calls += 1
+        return self.chains[min(self.calls, len(self.chains)) - 1]
+
+
+def test_a_draft_models_first_forward_feeds_the_prompt_in_chunks_beside_a_stream(monkeypatch):
+    """The draft model of a request whose prompt the target fed alone first runs a cycle
+    later, over the whole prompt: that forward is a prompt's (chunked beside a stream), not a
+    stream's (run whole: it would stall the stream for the whole prompt); the draft's later
+    forwards, over generated text only, are a stream's."""
+    target = SyntheticBackend("target", vocab=16, n_ctx=1024, latency=linear(0.010, 0.002), params_b=7.0)
+    mid = SyntheticBackend("mid", vocab=16, n_ctx=1024, model_seed=2, noise=0.5, latency=linear(0.002, 0.0005),
+                           params_b=1.0)
+    plans = {"a": Chain([target], []),
+             "b": _PromptAloneThenDrafting(target, [Chain([target], []), Chain([mid, target], [3])])}
+    planned = []
+    plan = ChunkedPrefill.plan
+
+    def spy(self, forwards):
+        takes = plan(self, forwards)
+        planned.extend((f, take) for f, take in zip(forwards, takes) if f.model == id(mid))
+        return takes
+
+    monkeypatch.setattr(ChunkedPrefill, "plan", spy)
+    scheduler = BatchScheduler(lambda r: plans["b" if r.prompt_tokens is PROMPT else "a"], max_batch=2,
+                               clock=simulated_clock([target, mid]), prefill_share=SHARE)
+    scheduler.add("a", SeqRequest([1, 2, 3], SamplingParams(), 200))
+    for _ in range(5):
+        scheduler.step()
+    scheduler.add("b", SeqRequest(PROMPT, SamplingParams(), 8))
+    b = None
+    while b is None:
+        b = next((e.result for e in scheduler.step() if e.request_id == "b" and isinstance(e, Finished)), None)
+    assert b.token_ids == generate(Chain([SyntheticBackend("target", vocab=16, n_ctx=1024)], []), PROMPT,
+                                   SamplingParams(), 8).token_ids
+    first, take = planned[0]
+    assert not first.stream and first.tokens == len(PROMPT) + 1  # the prompt and the target's first token
+    assert take != 0  # not run whole: it waits for its turn (no decoder uses the mid model), then is chunked
+    prompt = [(f, t) for f, t in planned if not f.stream]
+    assert sum(1 for f, t in prompt if 0 < t < f.head) >= 2
+    # Once the prompt is in, the mid model's forwards feed generated text only: a stream's.
+    streams = [i for i, (f, _) in enumerate(planned) if f.stream]
+    assert streams and streams == list(range(streams[0], len(planned)))
+    assert all(planned[i][0].tokens <= 8 for i in streams)
