@@ -86,7 +86,7 @@ def read_prompts(file: Path, target) -> list[tuple[str, str, list[int]]]:
               help="auto's model-free drafter (and the fixed chains').")
 @click.option("--host-ms", "host_ms", default=None, metavar="CALL,ROW[,CHOICE[,REUSE]]",
               help="Price the engine's own work on the simulated clock (sim/host.py): ms per sequence in a call, "
-                   "per row, per router choice that deliberates and per choice that reuses one (docs/simulation.md "
+                   "per row, per router choice that deliberates and per one that does not (docs/simulation.md "
                    "measures them); default: not priced.")
 @click.option("--json", "json_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Also write the result to this JSON file.")

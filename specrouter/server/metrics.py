@@ -156,7 +156,8 @@ class SpecCollector(Collector):
 class ChoiceCollector(Collector):
     """A router's choices, read off its ChoicePacing at each scrape (the router keeps the
     counts; this only exports them): routed cycles that deliberated or reused a recent
-    decision (a fixed chain's cycles choose nothing and count in neither), and the two
+    decision (a fixed chain's cycles choose nothing and count in neither, nor does a request's
+    first cycle, which feeds its prompt with the target alone), and the two
     timings that set how often it deliberates (absent until measured)."""
 
     def __init__(self, pacing: ChoicePacing) -> None:

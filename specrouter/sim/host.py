@@ -15,8 +15,9 @@ overcharge where a drafter catches up, which only makes drafting look dearer.
 Fitted from benchmarks/host_work.py (models that cost nothing): greedy target alone =
 per_call + per_row; a model draft of k plus its verification = (k + 1) calls and 2k + 1
 rows. Those chains are fixed: the router's choice before every cycle of a routed sequence
-is priced apart, per_choice a deliberation and per_reuse a choice that reused a recent
-decision (router/policy/pacing.py; benchmarks/router_work.py measures both), by PricedChoices: the
+is priced apart, per_choice a deliberation and per_reuse a choice not deliberated (a reuse of
+a recent decision, router/policy/pacing.py, or a request's first cycle, which feeds its prompt
+with the target alone; benchmarks/router_work.py measures both), by PricedChoices: the
 clock advances before the choice returns, so, as for real, the time is in no forward's
 timing and no cycle's (the router does not learn it as a model's cost) but in the request's,
 which times the choice and tells the router (on_choice: the pacing's d), and a batch's
@@ -80,8 +81,8 @@ NO_HOST = HostCosts()
 
 class PricedChoices:
     """A router whose every choice advances a simulated clock before it returns (`charge`
-    does it) by `seconds` where it deliberated and `reuse_seconds` where it reused a recent
-    decision: the host time of the router's choice (see the module docstring). Everything
+    does it) by `seconds` where it deliberated and `reuse_seconds` where it did not (a reused
+    decision, or the prompt's cycle): the host time of the router's choice (see the module docstring). Everything
     else is the router's own."""
 
     def __init__(self, router: ChainRouter, seconds: float, charge: Callable[[float], None],
