@@ -85,8 +85,10 @@ def test_the_cycle_that_feeds_the_prompt_runs_the_target_alone_and_the_next_deli
     made = decide(inputs(first), first.state, first.config)  # a recent decision of this kind
     assert made.chosen.spec.names[-2:] == ("mid", "target")
     behind = CycleInputs(len(PROMPT), 100, {m.name: 0 for m in second.models}, 100, None, "greedy", 1)
+    choices = (second.pacing.choices, second.pacing.deliberated, second.pacing.reused)
     prefill = decide(behind, second.state, second.config)
     assert prefill.reason is Reason.PREFILL and not prefill.deliberated and prefill.ranked == ()
+    assert (second.pacing.choices, second.pacing.deliberated, second.pacing.reused) == choices
     assert prefill.chosen.spec.names == ("target",) and second.state.current is None
     after = decide(inputs(second, len(PROMPT) + 1, 99), second.state, second.config)
     assert after.reason is Reason.START and after.chosen.spec == made.chosen.spec
