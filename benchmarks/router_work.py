@@ -62,7 +62,7 @@ class TimedChoices(PricedChoices):
         chain = self.router.choose(position, room, cached, context, forced)
         seconds = time.perf_counter() - start
         self.charge(seconds)
-        if cached.get(self.router.target.name, 0) >= position - 1:  # not the prompt's cycle (decide.py)
+        if not self.router.prefill:
             self.record(seconds, self.router.deliberated)
         return chain
 

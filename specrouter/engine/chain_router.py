@@ -48,6 +48,8 @@ class ChainRouter(CycleObserver, Protocol):
     decisions: list
     #: Whether the last choose() deliberated (False: it reused a decision, or chooses nothing).
     deliberated: bool
+    #: Whether the last choose() ran the target alone while it fed the prompt: no choice.
+    prefill: bool
     #: The request's model-free lookup per match class (what it drafted, what was accepted;
     #: reset by start): empty where nothing is looked up apart from the chain's levels.
     lookup_stats: SpecStats
@@ -60,6 +62,7 @@ class FixedChain:
     decisions: list = []
     batch_size = 1
     deliberated = False
+    prefill = False
 
     def __init__(self, chain: Chain) -> None:
         if chain.eos_ids != chain.target.eos_ids:

@@ -106,6 +106,10 @@ class PricedChoices:
         return self.router.deliberated
 
     @property
+    def prefill(self) -> bool:
+        return self.router.prefill
+
+    @property
     def lookup_stats(self) -> SpecStats:
         return self.router.lookup_stats
 

@@ -77,6 +77,7 @@ class ScriptedRouter:
 
     decisions: list = []
     deliberated = True
+    prefill = False
 
     def __init__(self, target, chains):
         self.target, self.chains = target, chains
