@@ -397,13 +397,16 @@ def test_a_lookup_level_drafts_what_the_grammar_forces_in_one_block(params):
 
 def test_auto_learns_that_forced_drafts_pay_and_takes_them():
     """The router's shadow scores the forced class against the target's rows even while the
-    target runs alone, so auto moves to the lookup level for forced stretches."""
-    from ..router_synth import linear, make_router
+    target runs alone, so auto moves to the lookup level for forced stretches. Timed by the
+    target's simulated clock (a forward: 50 ms + 4 ms a token): on the wall clock a synthetic
+    forward costs microseconds and the Python work per row decides, which varies with load."""
+    from ..router_synth import linear, make_router, simulated_clock
 
     target = SyntheticBackend("target", vocab=VOCAB, eos_id=EOS, family_seed=FAMILY, latency=linear(0.05, 0.004))
     router = make_router(target, [], lookup="ngram")
     long = Grammar("regex", "((a|b)cdecdecdecdecde)+")
-    results = [generate(router.session(), PROMPT, SamplingParams(grammar=long), 120) for _ in range(3)]
+    results = [generate(router.session(), PROMPT, SamplingParams(grammar=long), 120, clock=simulated_clock([target]))
+               for _ in range(3)]
     last = results[-1]
     forced_blocks = [ks[0] for names, ks in last.chains_used if names[0] == "ngram"]
     assert forced_blocks, last.chains_used
