@@ -6,16 +6,17 @@ Prints one JSON object:
 - "blocks": per context, the k (1..24) whose block logits differ bitwise from one-token
   decoding of the same tokens (expected: none), and whether a sequence decoded in one
   forward with another got the rows it gets alone;
-- "greedy": per chain, the prompts whose greedy ids differ from the target alone's
-  (expected: none, with no near-tie escape);
+- "greedy": per chain, the prompts (PER_DATASET HumanEval and as many GSM8K) whose greedy
+  ids differ from the target alone's (expected: none, with no near-tie escape);
 - "logprobs": per chain, the prompts whose logprobs (each token's and its 5 alternatives')
   differ from the target alone's in any bit (expected: none);
-- "batched": the same two lists for auto through the batch scheduler, the prompts 4 at a
-  time, the second half joining as the first finish, and the most sequences one call took
+- "batched": the same two lists for auto through the batch scheduler, at most 3 at a time,
+  the second half of the prompts joining four steps after the first (one of them queues for
+  a slot), and the most sequences one call took
   (expected: no prompt: in exact mode a sequence's rows are the same bits whatever shares
   its forward or its context, so the batch compositions auto's timings choose move nothing);
 - "next_turns": the same two lists for conversations' second turns through a batch scheduler
-  with a prefix cache (tests/real/turns.py; auto, 4 prompts, two conversations at a time):
+  with a prefix cache (tests/real/turns.py; auto, every prompt, two conversations at a time):
   each turn 2 takes its turn 1's KV slot itself (exact mode's streams share no cells) and
   must write what the target alone writes cold, bit for bit; and the turns whose cached
   prompt tokens are not what turn 1's cache held (expected: none).
@@ -35,13 +36,17 @@ from specrouter.drafters.memory import SuffixMemory
 from specrouter.engine import GenerationResult, generate
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.pool import Pool
-from specrouter.router import auto_router
+from specrouter.router import Router, auto_router
 
 from .turns import FOLLOW_UP, resumable, two_turns
 
 SMALL, TARGET = "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"
 BLOCK = 24
 TOKENS = 48
+#: Prompts per dataset. Exact kernels run slower than the default ones and every prompt
+#: costs 11 generations here (the chains, auto, batched, a next turn): two per dataset keep
+#: this check within about ten minutes on a slow 2-core machine.
+PER_DATASET = 2
 LOGPROBS = 5  # alternatives per token
 CHAINS = {
     "0.5b->1.5b": ([SMALL, TARGET], [4]),
@@ -90,7 +95,7 @@ def main() -> None:
     # 120 tokens: under 512 KV cells; 700: past them (where flash attention would split a row).
     blocks = [block_differences(target, tokens[:n], tokens[n:n + BLOCK]) for n in (120, 700)]
 
-    prompts = benchmark_prompts(target, 4)
+    prompts = benchmark_prompts(target, PER_DATASET)
     alone = pool.chain([TARGET])
     references = {pid: generate(alone, toks, SamplingParams(), TOKENS, logprobs=LOGPROBS) for pid, toks in prompts}
     greedy, logprobs = {}, {}
@@ -102,10 +107,10 @@ def main() -> None:
 
     for name, (specs, lengths) in CHAINS.items():
         compare(name, pool.chain(specs, lengths))
-    compare("auto", auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
-                                lookup="suffix", memory=SuffixMemory()))
-    batched, max_batch = batched_auto(pool, prompts)
-    next_turns = next_turn_differences(pool, prompts[:2] + prompts[-2:], references)
+    profiles = Path(tempfile.mkdtemp())
+    compare("auto", fresh_auto(pool, profiles))
+    batched, max_batch = batched_auto(fresh_auto(pool, profiles), prompts)
+    next_turns = next_turn_differences(fresh_auto(pool, profiles), pool, prompts, references)
     pool.close()
     json.dump({"blocks": blocks, "greedy": greedy, "logprobs": logprobs, "prompts": [pid for pid, _ in prompts],
                "batched": {"greedy": [pid for pid, r in batched.items() if r.token_ids != references[pid].token_ids],
@@ -115,11 +120,16 @@ def main() -> None:
               sys.stdout)
 
 
-def next_turn_differences(pool: Pool, prompts: list[tuple[str, list[int]]],
+def fresh_auto(pool: Pool, profiles: Path) -> Router:
+    """An auto router with no estimates saved before (none are saved here) and its own memory;
+    the models' profiles measured once in `profiles` (in exact kernels) and read thereafter."""
+    return auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=profiles, progress=False, lookup="suffix",
+                       memory=SuffixMemory())
+
+
+def next_turn_differences(router: Router, pool: Pool, prompts: list[tuple[str, list[int]]],
                           references: dict[str, GenerationResult]) -> dict[str, list[str]]:
-    """Second turns resumed from the prefix cache against the target alone cold."""
-    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
-                         lookup="suffix", memory=SuffixMemory())
+    """Second turns resumed from the prefix cache against the target alone cold, routed by `router`."""
     target, alone = pool.model(TARGET), pool.chain([TARGET])
     turns = two_turns(lambda r: router.session(), prompts, target.tokenize(FOLLOW_UP, add_special=False), TOKENS,
                       LOGPROBS)
@@ -136,13 +146,12 @@ def next_turn_differences(pool: Pool, prompts: list[tuple[str, list[int]]],
     return {"greedy": greedy, "logprobs": logprobs, "cached": cached}
 
 
-def batched_auto(pool: Pool, prompts: list[tuple[str, list[int]]]) -> tuple[dict[str, GenerationResult], int]:
-    """Every prompt through one batch scheduler routed by a fresh auto, at most 4 at a time
-    (the first half added at once, the second half four steps later: they queue for slots);
-    the results by prompt id, and the most sequences one call took."""
-    router = auto_router(pool, TARGET, [SMALL, TARGET], profile_dir=Path(tempfile.mkdtemp()), progress=False,
-                         lookup="suffix", memory=SuffixMemory())
-    scheduler = BatchScheduler(lambda r: router.session(), max_batch=4)
+def batched_auto(router: Router, prompts: list[tuple[str, list[int]]]) -> tuple[dict[str, GenerationResult], int]:
+    """Every prompt through one batch scheduler routed by `router`, at most 3 at a time
+    (the first half added at once, the second half four steps later: one joins the running
+    ones, the other queues for a slot); the results by prompt id, and the most sequences one
+    call took."""
+    scheduler = BatchScheduler(lambda r: router.session(), max_batch=3)
     half = len(prompts) // 2
     out: dict[str, GenerationResult] = {}
     step = 0
