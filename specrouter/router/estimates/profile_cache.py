@@ -1,7 +1,7 @@
-"""The profiles' disk cache: one JSON file per model (and one for its batched calls, one for
-its context table), keyed by what changes the timing: the model file (its sha256 stamp for
-pool models, else size + mtime), the backend, its thread count, its kernels and the CPU
-model. A corrupt, stale or not physical file is measured again with a warning; a
+"""The profiles' disk cache: one JSON file per model, kernels and thread count (and one for
+its batched calls, one for its context table), keyed by what changes the timing: the model
+file (its sha256 stamp for pool models, else size + mtime), the backend, its thread count, its
+kernels and the CPU model. A corrupt, stale or not physical file is measured again with a warning; a
 measurement that cannot be trusted (profiler.py: busy, unsteady, implausible) is used for
 the run and not cached.
 
@@ -76,9 +76,13 @@ def profile_key(backend: Backend) -> dict:
 
 
 def _cache_file(directory: Path, backend: Backend, kind: str = "") -> Path:
-    """One file per model and kernels (a model profiled in both modes keeps both)."""
-    kernels = backend.timing_key().kernels
-    name = backend.name if kernels == "default" else f"{backend.name}-{kernels}"
+    """One file per model, kernels and thread count: a model profiled in both modes, or run
+    with another --threads (a fleet's replicas, a server beside the command line), keeps
+    every table, and switching re-measures none (nor overwrites another)."""
+    key = backend.timing_key()
+    name = backend.name if key.kernels == "default" else f"{backend.name}-{key.kernels}"
+    if key.n_threads is not None:
+        name += f"-{key.n_threads}t"
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in name)
     return directory / f"{safe}{kind}.json"
 

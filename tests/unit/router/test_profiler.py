@@ -48,8 +48,8 @@ def test_profile_cache_is_reused_then_refreshed_when_stale(tmp_path):
         warnings.simplefilter("error")  # a valid cache is read silently
         again = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
     assert m.decode_calls == calls and again.tables == first.tables
-    m.n_threads = 1  # another thread count times differently: the cached profile is stale
-    with pytest.warns(UserWarning, match=r"stale \(n_threads changed\): re-profiling"):
+    m.path.write_bytes(b"GGUF other weights")  # another file under the same name: the cached profile is stale
+    with pytest.warns(UserWarning, match=r"stale \(file changed\): re-profiling"):
         load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
     assert m.decode_calls > calls
 
@@ -59,7 +59,7 @@ def test_corrupt_profile_cache_is_reprofiled_with_a_warning(tmp_path, content):
     m = model(tmp_path)
     clock = lambda: m.simulated_seconds  # noqa: E731
     load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
-    file = tmp_path / "profiles" / "m.json"
+    file = tmp_path / "profiles" / "m-2t.json"
     file.write_text(content)
     with pytest.warns(UserWarning, match="is corrupt .*: re-profiling"):
         profile = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
@@ -104,7 +104,7 @@ def test_batch_profile_has_its_own_cache_file(tmp_path):
     clock = lambda: m.simulated_seconds  # noqa: E731
     first = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
     assert set(first.batch_tables["m"]) == {2, 4, 8}
-    assert (tmp_path / "profiles" / "m.batch.json").exists()
+    assert (tmp_path / "profiles" / "m-2t.batch.json").exists()
     calls = m.decode_calls
     again = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock)
     assert m.decode_calls == calls and again.batch_tables == first.batch_tables
@@ -114,7 +114,7 @@ def test_backends_without_native_batching_are_costed_as_a_loop(tmp_path):
     m = model(tmp_path)
     m.batches_natively = False  # as the torch backend: decode_batch is one call per sequence
     profile = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=lambda: m.simulated_seconds)
-    assert profile.batch_tables == {} and not (tmp_path / "profiles" / "m.batch.json").exists()
+    assert profile.batch_tables == {} and not (tmp_path / "profiles" / "m-2t.batch.json").exists()
     assert profile.seconds("m", 4, batch=3) == pytest.approx(3 * profile.seconds("m", 4))
 
 
@@ -161,7 +161,7 @@ def test_given_costs_replace_measurement_for_the_models_they_name(tmp_path):
     profile = load_or_profile([m, other], tmp_path / "profiles", repeats=1, progress=False,
                               clock=lambda: m.simulated_seconds + other.simulated_seconds,
                               given=read_profile(tmp_path / "gpu.json"))
-    assert m.decode_calls == 0 and not (tmp_path / "profiles" / "m.json").exists()  # nothing measured or cached
+    assert m.decode_calls == 0 and not (tmp_path / "profiles" / "m-2t.json").exists()  # nothing measured or cached
     assert profile.tables["m"] == {1: 0.004, 2: 0.0041, 4: 0.0042, 8: 0.0045, 16: 0.005, 32: 0.006}
     assert "m" not in profile.batch_tables  # not in the file: batched calls fall back to total tokens
     assert other.decode_calls > 0 and profile.seconds("other", 1) == pytest.approx(0.012)  # measured as usual
@@ -214,11 +214,28 @@ def test_exact_kernels_keep_a_profile_of_their_own(tmp_path):
     folder = tmp_path / "profiles"
     first = load_or_profile([default], folder, repeats=1, progress=False, clock=lambda: default.simulated_seconds)
     second = load_or_profile([exact], folder, repeats=1, progress=False, clock=lambda: exact.simulated_seconds)
-    assert (folder / "m.json").exists() and (folder / "m-exact.json").exists()
+    assert (folder / "m-2t.json").exists() and (folder / "m-exact-2t.json").exists()
     assert second.seconds("m", 1) == pytest.approx(2 * first.seconds("m", 1), rel=0.2)
     calls = default.decode_calls
     again = load_or_profile([default], folder, repeats=1, progress=False, clock=lambda: default.simulated_seconds)
     assert default.decode_calls == calls and again.seconds("m", 1) == first.seconds("m", 1)
+
+
+def test_another_thread_count_keeps_a_profile_of_its_own(tmp_path):
+    """A model run with 1 thread (a fleet's replicas) and with 2 (the command line) keeps both
+    tables: switching re-measures neither, and neither overwrites the other."""
+    one, two = model(tmp_path), model(tmp_path)
+    one.n_threads, two.latency = 1, linear(0.005, 0.001)  # two threads: another cost curve
+    folder = tmp_path / "profiles"
+    first = load_or_profile([one], folder, repeats=1, progress=False, clock=lambda: one.simulated_seconds)
+    second = load_or_profile([two], folder, repeats=1, progress=False, clock=lambda: two.simulated_seconds)
+    assert (folder / "m-1t.json").exists() and (folder / "m-2t.json").exists()
+    assert second.seconds("m", 1) == pytest.approx(first.seconds("m", 1) / 2, rel=0.2)
+    calls = one.decode_calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # read silently: not stale
+        again = load_or_profile([one], folder, repeats=1, progress=False, clock=lambda: one.simulated_seconds)
+    assert one.decode_calls == calls and again.tables == first.tables
 
 
 def test_a_profile_measured_on_one_node_is_installed_on_another_only_where_missing(tmp_path):
@@ -286,7 +303,7 @@ def test_a_cache_timed_at_other_sizes_is_measured_again(tmp_path):
     m.n_ctx = LONG_CONTEXT + 2 * max(CONTEXT_NS)  # long enough for a context table
     clock = lambda: m.simulated_seconds  # noqa: E731
     load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock, batches=())
-    for name in ("m.json", "m.context.json"):
+    for name in ("m-2t.json", "m-2t.context.json"):
         file = tmp_path / "profiles" / name
         data = json.loads(file.read_text())
         del data["table"]["64"]
@@ -295,8 +312,8 @@ def test_a_cache_timed_at_other_sizes_is_measured_again(tmp_path):
     with pytest.warns(UserWarning) as caught:
         again = load_or_profile([m], tmp_path / "profiles", repeats=1, progress=False, clock=clock, batches=())
     assert sorted(str(w.message).split("profiles/")[1] for w in caught) == [
-        "m.context.json is stale (not timed at 64 tokens): re-profiling",
-        "m.json is stale (not timed at 64 tokens): re-profiling"]
+        "m-2t.context.json is stale (not timed at 64 tokens): re-profiling",
+        "m-2t.json is stale (not timed at 64 tokens): re-profiling"]
     assert m.decode_calls > calls and set(again.tables["m"]) == set(PROFILE_NS)
     assert set(again.context_tables["m"]) == set(CONTEXT_NS)
-    assert "64" in json.loads((tmp_path / "profiles" / "m.json").read_text())["table"]  # cached again
+    assert "64" in json.loads((tmp_path / "profiles" / "m-2t.json").read_text())["table"]  # cached again
