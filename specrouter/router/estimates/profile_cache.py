@@ -1,9 +1,9 @@
 """The profiles' disk cache: one JSON file per model, kernels and thread count (and one for
 its batched calls, one for its context table), keyed by what changes the timing: the model
 file (its sha256 stamp for pool models, else size + mtime), the backend, its thread count, its
-kernels and the CPU model. A corrupt, stale or not physical file is measured again with a warning; a
-measurement that cannot be trusted (profiler.py: busy, unsteady, implausible) is used for
-the run and not cached.
+kernels and the CPU model. A corrupt, stale or not physical file is measured again with a
+warning; a measurement that cannot be trusted (profiler.py: busy, unsteady, implausible) is
+used for the run and not cached.
 
 Writes go through persist.py (atomic, under the file's lock); the processes of one machine
 that start together measure one at a time (folder_lock), so none times its forwards while
