@@ -13,6 +13,7 @@ tests skip (fail in CI).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -68,12 +69,9 @@ def test_converted_model_shares_the_tokenizer_of_its_gguf(tpool):
 @pytest.fixture(scope="module")
 def alone(tpool):
     """The greedy outputs of a target alone on 2 HumanEval and 2 GSM8K prompts, by target name."""
-    outputs: dict[str, dict] = {}
-
+    @functools.cache
     def of(name: str) -> dict:
-        if name not in outputs:
-            outputs[name] = reference_outputs(tpool.chain([name]), benchmark_prompts(tpool.level(name), 2), MAX_TOKENS)
-        return outputs[name]
+        return reference_outputs(tpool.chain([name]), benchmark_prompts(tpool.level(name), 2), MAX_TOKENS)
     return of
 
 
