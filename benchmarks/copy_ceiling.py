@@ -247,9 +247,12 @@ def class_policies(rows: Sequence[Row], t: Costs) -> dict[str, dict[int, int]]:
     return out
 
 
-def router_replay(tasks: list[dict], t: Costs) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
-    """Per workload, the target alone's simulated time over auto's, replayed (module
-    docstring); and auto's (drafted cycles, cycles) there."""
+def router_replay(tasks: list[dict], t: Callable[[int], float],
+                  groups: Callable[[dict], Sequence[str]] = lambda task: (task["workload"],),
+                  ) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
+    """Per group (a task's workload, or what `groups` names for it; and "all"), the target
+    alone's simulated time over auto's, replayed (module docstring); and auto's (drafted
+    cycles, cycles) there. t(n): ms of a forward of n tokens."""
     target = ReplayBackend(TARGET, [Script(task["prompt"], task["answer"], task["eos"]) for task in tasks],
                            latency=lambda n: t(n) / 1e3)
 
@@ -268,7 +271,7 @@ def router_replay(tasks: list[dict], t: Costs) -> tuple[dict[str, float], dict[s
             r = generate(method, prompt, SamplingParams(), n, clock=clock)
             if r.token_ids != answer:
                 raise AssertionError(f"{task['id']}: the replay did not reproduce the recorded answer")
-            for group in (task["workload"], "all"):
+            for group in (*groups(task), "all"):
                 seconds[group][j] += clock() - start
                 if method is router:
                     counts = cycle_counts(r)

@@ -33,6 +33,7 @@ BENCHMARKS = (
     Benchmark("router-work", "router_work", "the router's own host time per choice, alone and in batches"),
     Benchmark("serving", "serving", "throughput and latency against concurrency: target alone and auto"),
     Benchmark("sessions", "sessions", "edit loops, agent loops and document QA through the server, turn by turn"),
+    Benchmark("sessions-replay", "sessions_replay", "the sessions' greedy turns replayed through the router, per turn"),
     Benchmark("simulation", "simulation", "the trace-driven simulator: record, validate, predict GPUs and batches"),
     Benchmark("structured", "structured", "forced tool calls and JSON schema answers, with and without speculation"),
     Benchmark("suffix-memory", "suffix_memory", "the cross-request suffix memory's size and speed"),

@@ -107,3 +107,22 @@ def test_validation_sets_the_measured_speedup_and_choices_beside_the_replayed_on
     old = [{"workload": "code-edit", "id": str(i), "alone": [2.0, 3.0], "auto": 1.25} for i in range(3)]
     assert validation({"tasks": tasks, "measured": {"costs_ms": costs, "runs": old}})["all"] == \
         {"measured": 2.0, "replayed": replayed["all"], "error": round(replayed["all"] / 2.0 - 1, 3)}
+
+
+def test_sessions_replay_reports_each_turn_the_later_turns_together_and_all():
+    from benchmarks.sessions_replay import evaluate
+
+    made = scripts()  # three turns of one session
+    tasks = [{"workload": f"doc-qa turn {i + 1}", "id": f"doc/{i + 1}", "prompt": s.prompt, "answer": s.answer,
+              "eos": s.eos} for i, s in enumerate(made)]
+    costs = {str(n): 40.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32, 64, 65)}
+    ev = evaluate({"costs_ms": costs, "tasks": tasks})
+    assert list(ev) == ["all", "doc-qa turn 1", "doc-qa turn 2", "doc-qa turn 3", "doc-qa turns 2+"]
+    assert [ev[f"doc-qa turn {i + 1}"]["tokens"] for i in range(3)] == [len(s.answer) for s in made]
+    assert ev["doc-qa turns 2+"]["tokens"] == len(made[1].answer) + len(made[2].answer)
+    assert ev["all"]["tokens"] == sum(len(s.answer) for s in made)
+    # the later turns' ratio and cycles are their sums', between those of its two turns
+    second, third, later = ev["doc-qa turn 2"], ev["doc-qa turn 3"], ev["doc-qa turns 2+"]
+    assert min(second["auto"], third["auto"]) <= later["auto"] <= max(second["auto"], third["auto"])
+    assert later["drafted"] == [a + b for a, b in zip(second["drafted"], third["drafted"])]
+    assert all(row["oracle"] >= 1.0 and row["auto"] > 0 for row in ev.values())
