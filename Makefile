@@ -20,9 +20,12 @@ LLAMA_PIN := $(shell sed -n 's/^llama = \["\(.*\)"\]/\1/p' pyproject.toml)
 # `make setup GPU=cuda` builds llama.cpp with its CUDA backend (needs the CUDA toolkit, nvcc
 # on PATH), so `--gpu-layers` can offload GGUF models; the default build is CPU-only and
 # refuses offload. The stamp below does not know GPU: `make clean` first to switch.
+# llama-cpp-python's multimodal library (mtmd: images and audio, for its vision chat handlers,
+# which specrouter never loads) is left out: about 70 of the build's 380 s on 2 cores.
 GPU ?=
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF
 ifeq ($(GPU),cuda)
-LLAMA_CMAKE_ARGS := -DGGML_CUDA=on
+LLAMA_CMAKE_ARGS += -DGGML_CUDA=on
 else ifneq ($(GPU),)
 $(error GPU must be cuda or empty, got $(GPU))
 endif

@@ -86,8 +86,9 @@ def evaluate(result: dict) -> dict:
     speedups, cycles = router_replay(result["tasks"], t, groups)
     members: dict[str, list[list]] = {}
     for task in result["tasks"]:
+        recorded = rows(task["prompt"], task["answer"])
         for name in (*groups(task), "all"):
-            members.setdefault(name, []).append(rows(task["prompt"], task["answer"]))
+            members.setdefault(name, []).append(recorded)
     return {name: {"auto": speedups[name],
                    "oracle": round(sum(len(r) * t(1) for r in answers) / sum(oracle(r, t) for r in answers), 3),
                    "drafted": list(cycles[name]), "tokens": sum(len(r) for r in answers)}

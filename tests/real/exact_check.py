@@ -37,6 +37,7 @@ from specrouter.engine import GenerationResult, generate
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.pool import Pool
 from specrouter.router import Router, auto_router
+from specrouter.router.estimates.profile_cache import default_profile_dir, install_profiles, profile_files
 
 from .turns import FOLLOW_UP, resumable, two_turns
 
@@ -107,10 +108,15 @@ def main() -> None:
 
     for name, (specs, lengths) in CHAINS.items():
         compare(name, pool.chain(specs, lengths))
-    profiles = Path(tempfile.mkdtemp())
+    # Profiles in a folder of their own (no estimates saved before), started from the exact
+    # kernels' profiles the test session measured before (its private cache, tests/conftest.py)
+    # and handed back to it for the tests after (test_sessions_real's exact server).
+    profiles, shared, models = Path(tempfile.mkdtemp()), default_profile_dir(), [target, pool.model(SMALL)]
+    install_profiles(profiles, profile_files(shared, models))
     compare("auto", fresh_auto(pool, profiles))
     batched, max_batch = batched_auto(fresh_auto(pool, profiles), prompts)
     next_turns = next_turn_differences(fresh_auto(pool, profiles), pool, prompts, references)
+    install_profiles(shared, profile_files(profiles, models))
     pool.close()
     json.dump({"blocks": blocks, "greedy": greedy, "logprobs": logprobs, "prompts": [pid for pid, _ in prompts],
                "batched": {"greedy": [pid for pid, r in batched.items() if r.token_ids != references[pid].token_ids],
