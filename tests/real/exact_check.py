@@ -1,6 +1,7 @@
 """Exact mode's checks, run in a process of their own (test_exact_real.py starts it): exact
 kernels switch ggml's tiled matmul off for the whole process, before any forward runs, so
-they cannot share the test session's process, whose models already ran.
+they cannot share the test session's process, whose models already ran. Its argument, if
+any: the profile folder it shares exact kernels' profiles with (main()).
 
 Prints one JSON object:
 - "blocks": per context, the k (1..24) whose block logits differ bitwise from one-token
@@ -37,7 +38,7 @@ from specrouter.engine import GenerationResult, generate
 from specrouter.engine.batch import BatchScheduler, Failed, Finished, SeqRequest
 from specrouter.pool import Pool
 from specrouter.router import Router, auto_router
-from specrouter.router.estimates.profile_cache import default_profile_dir, install_profiles, profile_files
+from specrouter.router.estimates.profile_cache import install_profiles, profile_files
 
 from .turns import FOLLOW_UP, resumable, two_turns
 
@@ -85,7 +86,9 @@ def block_differences(target, context: list[int], continuation: list[int]) -> di
     return {"context": len(context), "differ": differ, "batch_same": batch_same}
 
 
-def main() -> None:
+def main(shared: Path | None = None) -> None:
+    """shared: a profile folder to start the auto routers' profiles from and to add theirs to
+    (test_exact_real passes the test session's private one); None: none."""
     from .greedy_check import benchmark_prompts
 
     pool = Pool(n_ctx=2048, n_seq_max=4, exact=True)
@@ -109,14 +112,16 @@ def main() -> None:
     for name, (specs, lengths) in CHAINS.items():
         compare(name, pool.chain(specs, lengths))
     # Profiles in a folder of their own (no estimates saved before), started from the exact
-    # kernels' profiles the test session measured before (its private cache, tests/conftest.py)
-    # and handed back to it for the tests after (test_sessions_real's exact server).
-    profiles, shared, models = Path(tempfile.mkdtemp()), default_profile_dir(), [target, pool.model(SMALL)]
-    install_profiles(profiles, profile_files(shared, models))
+    # kernels' profiles in `shared` (the test session's: tests/conftest.py) and handed back
+    # there for the tests after it (test_sessions_real's exact server).
+    profiles, models = Path(tempfile.mkdtemp()), [target, pool.model(SMALL)]
+    if shared is not None:
+        install_profiles(profiles, profile_files(shared, models))
     compare("auto", fresh_auto(pool, profiles))
     batched, max_batch = batched_auto(fresh_auto(pool, profiles), prompts)
     next_turns = next_turn_differences(fresh_auto(pool, profiles), pool, prompts, references)
-    install_profiles(shared, profile_files(profiles, models))
+    if shared is not None:
+        install_profiles(shared, profile_files(profiles, models))
     pool.close()
     json.dump({"blocks": blocks, "greedy": greedy, "logprobs": logprobs, "prompts": [pid for pid, _ in prompts],
                "batched": {"greedy": [pid for pid, r in batched.items() if r.token_ids != references[pid].token_ids],
@@ -175,4 +180,4 @@ def batched_auto(router: Router, prompts: list[tuple[str, list[int]]]) -> tuple[
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)

@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def exact_results(pool):  # pool: the models are pulled (or the test skips / fails in CI)
-    done = subprocess.run([sys.executable, "-m", "tests.real.exact_check"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1500)
+def exact_results(pool, private_cache):  # pool: the models are pulled (or the test skips / fails in CI)
+    profiles = private_cache.parent / "profiles"  # shared with the later tests' servers
+    done = subprocess.run([sys.executable, "-m", "tests.real.exact_check", str(profiles)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
