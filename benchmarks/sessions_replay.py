@@ -4,9 +4,10 @@ the recorded forward costs: per turn, auto against the target alone and the orac
     python -m benchmarks sessions-replay [--per-workload 5] [--workloads doc-qa,edit-loop] [--stem NAME]
     python -m benchmarks sessions-replay --render benchmarks/results/NAME.json   # replay again, no model
 
-What a policy change does to sessions, judged on many turns at once and without the noise of a
-loaded machine: the server's benchmark (benchmarks/sessions.py) runs one session per workload in
-minutes, and one replayed session swings by +-0.15x per turn with any change of policy.
+What a policy change does to sessions, judged on many turns at once, in seconds, and without
+the noise of a loaded machine (the server's benchmark, benchmarks/sessions.py, takes most of an
+hour for a few sessions). One session is too few: a choice that moves one block moves every
+later one, so a single session's turns swing with any change of policy.
 
 Recording (real models, in process): every session of the workloads (benchmarks/
 sessions_workloads.py; the agent loop's forced calls are the server's business, so it is left
