@@ -47,10 +47,6 @@ from specrouter.pool import Pool
 REPLAYED = ("edit-loop", "doc-qa")
 
 
-def group(workload: str, turn: int) -> str:
-    return f"{workload} turn {turn + 1}"
-
-
 def record(workloads: Sequence[str], per_workload: int) -> dict:
     pool = Pool(n_ctx=4096, n_seq_max=1)
     try:
@@ -63,8 +59,9 @@ def record(workloads: Sequence[str], per_workload: int) -> dict:
                 turn = session.turn(answers)
                 prompt = chat_prompt_tokens(target, turn.template_messages(), turn.tools)
                 r = generate(Chain([target], []), prompt, SamplingParams(), turn.max_tokens)
-                tasks.append({"workload": group(session.workload, turn.index), "id": f"{session.id}/{turn.index + 1}",
-                              "prompt": prompt, "answer": list(r.token_ids), "eos": r.finish_reason == "stop"})
+                tasks.append({"workload": session.workload, "turn": turn.index + 1,
+                              "id": f"{session.id}/{turn.index + 1}", "prompt": prompt, "answer": list(r.token_ids),
+                              "eos": r.finish_reason == "stop"})
                 answers.append(Answer(r.text))
     finally:
         pool.close()
@@ -81,8 +78,8 @@ def evaluate(result: dict) -> dict:
         return costs(n) if n <= longest else 0.0
 
     def groups(task: dict) -> list[str]:
-        workload, turn = task["workload"].rsplit(" turn ", 1)
-        return [task["workload"]] + ([f"{workload} turns 2+"] if turn != "1" else [])
+        workload, turn = task["workload"], task["turn"]
+        return [f"{workload} turn {turn}"] + ([f"{workload} turns 2+"] if turn > 1 else [])
 
     speedups, cycles = router_replay(result["tasks"], t, groups)
     members: dict[str, list[list]] = {}

@@ -113,7 +113,7 @@ def test_sessions_replay_reports_each_turn_the_later_turns_together_and_all():
     from benchmarks.sessions_replay import evaluate
 
     made = scripts()  # three turns of one session
-    tasks = [{"workload": f"doc-qa turn {i + 1}", "id": f"doc/{i + 1}", "prompt": s.prompt, "answer": s.answer,
+    tasks = [{"workload": "doc-qa", "turn": i + 1, "id": f"doc/{i + 1}", "prompt": s.prompt, "answer": s.answer,
               "eos": s.eos} for i, s in enumerate(made)]
     costs = {str(n): 40.0 + 10.0 * n for n in (1, 2, 4, 8, 16, 32, 64, 65)}
     ev = evaluate({"costs_ms": costs, "tasks": tasks})
